@@ -1,0 +1,66 @@
+# umprov: the two commands of the quick start are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+UMPROV := $(BIN)/umprov
+LAB ?= demo
+HOSTS ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: help venv sysdeps demo test test-unit test-lab test-gpu lint lab-up lab-down bench clean
+
+help:
+	@echo "make demo       bring up the local lab and run umprov against it"
+	@echo "make test       the whole suite: lint, unit and lab tests (needs root or a Docker engine)"
+	@echo "make test-unit  fast tests only (no Docker, no network)"
+	@echo "make test-lab   integration tests against the local lab"
+	@echo "make test-gpu   GPU tests (needs an NVIDIA GPU; skipped without one)"
+	@echo "make lint       ruff, yamllint, ansible-lint"
+	@echo "make bench      benchmarks (bench/README.md)"
+	@echo "make lab-up / lab-down"
+
+$(BIN)/umprov: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/umprov
+
+sysdeps:
+	@./scripts/system-deps.sh
+
+demo: sysdeps venv
+	$(UMPROV) lab up --name $(LAB) --hosts $(HOSTS)
+	$(UMPROV) inventory check lab/$(LAB)
+	@echo "demo done: lab '$(LAB)' is up; inventory/lab/$(LAB).yml; 'make lab-down LAB=$(LAB)' removes it"
+
+test: sysdeps venv
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+test-lab: sysdeps venv
+	$(BIN)/pytest tests/lab $(PYTEST_ARGS)
+
+test-gpu: venv
+	$(BIN)/pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check umprov tests bench
+	$(BIN)/yamllint .
+	$(BIN)/ansible-lint
+
+lab-up: sysdeps venv
+	$(UMPROV) lab up --name $(LAB) --hosts $(HOSTS)
+
+lab-down: venv
+	$(UMPROV) lab down --name $(LAB)
+
+bench: venv
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

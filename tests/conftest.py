@@ -1,0 +1,35 @@
+"""Fixtures shared by every tier."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from umprov.cli import run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Boundary(click.Command):
+    """Lets CliRunner drive umprov through its real error boundary (umprov.cli.run)."""
+
+    def main(self, args=None, prog_name=None, **_kwargs):  # type: ignore[override]
+        sys.exit(run(list(args or [])))
+
+
+@pytest.fixture
+def umprov_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[callable]:
+    """Run `umprov ARGS...` in-process; returns click's Result (exit_code, stdout, stderr)."""
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(REPO))
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(_Boundary("umprov"), list(args), input=input, catch_exceptions=False)
+
+    yield invoke

@@ -1,0 +1,65 @@
+"""Lab tier: real Docker engine, real systemd hosts, real sshd, real Ansible."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/lab/" in str(item.fspath):
+            item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _project_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("UMPROV_PROJECT_DIR", str(REPO))
+    mp.setenv("UMPROV_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    from umprov.lab import docker_engine
+
+    return docker_engine()
+
+
+def ssh_command(key: Path, known_hosts: Path, port: int, user: str = "lab") -> list[str]:
+    return [
+        "ssh",
+        "-i",
+        str(key),
+        "-p",
+        str(port),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "ConnectTimeout=10",
+        f"{user}@127.0.0.1",
+    ]
+
+
+def ssh(key: Path, known_hosts: Path, port: int, command: str, user: str = "lab"):
+    return subprocess.run(
+        [*ssh_command(key, known_hosts, port, user), command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -1,0 +1,146 @@
+"""`umprov lab`: up, SSH in with verified host keys, Ansible ping, idempotence, down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.lab.conftest import ssh
+
+NAME = "pytest-lifecycle"
+
+
+@pytest.fixture(scope="module")
+def lab_up(umprov_module_cli):
+    result = umprov_module_cli("lab", "up", "--hosts", "2", "--name", NAME, "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    yield data
+    umprov_module_cli("lab", "down", "--name", NAME)
+
+
+@pytest.fixture(scope="module")
+def umprov_module_cli():
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+
+    runner = CliRunner()
+    return lambda *args: runner.invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
+
+
+def test_up_creates_hosts_inventory_and_known_hosts(lab_up):
+    assert [h["name"] for h in lab_up["hosts"]] == [f"lab-{NAME}-1", f"lab-{NAME}-2"]
+    assert all(h["state"] == "running" for h in lab_up["hosts"])
+    known = Path(lab_up["known_hosts"]).read_text().splitlines()
+    for host in lab_up["hosts"]:
+        assert any(line.startswith(f"[127.0.0.1]:{host['port']} ssh-ed25519 ") for line in known)
+    assert oct(Path(lab_up["key_file"]).stat().st_mode & 0o777) == "0o600"
+
+
+def test_inventory_passes_validation(lab_up, umprov_module_cli):
+    result = umprov_module_cli("inventory", "check", lab_up["inventory"], "--json")
+    assert result.exit_code == 0, result.stderr
+    hosts = json.loads(result.stdout)["hosts"]
+    assert {(h["address"], h["port"]) for h in hosts} == {
+        ("127.0.0.1", h["port"]) for h in lab_up["hosts"]
+    }
+
+
+def test_ssh_login_with_strict_host_key_checking(lab_up):
+    key, known = Path(lab_up["key_file"]), Path(lab_up["known_hosts"])
+    for host in lab_up["hosts"]:
+        out = ssh(key, known, host["port"], "hostname && cat /proc/1/comm && sudo -n id -u")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == [host["name"], "systemd", "0"]
+
+
+def test_password_and_root_logins_are_refused(lab_up):
+    port = lab_up["hosts"][0]["port"]
+    key, known = Path(lab_up["key_file"]), Path(lab_up["known_hosts"])
+    root = ssh(key, known, port, "true", user="root")
+    assert root.returncode == 255 and "Permission denied" in root.stderr
+    password = subprocess.run(
+        [
+            "ssh",
+            "-p",
+            str(port),
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "PreferredAuthentications=password",
+            "-o",
+            "PubkeyAuthentication=no",
+            "-o",
+            "BatchMode=yes",
+            "lab@127.0.0.1",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert password.returncode == 255
+    assert "Permission denied (publickey)" in password.stderr
+
+
+def test_unknown_host_key_is_refused(lab_up, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    out = ssh(Path(lab_up["key_file"]), empty, lab_up["hosts"][0]["port"], "true")
+    assert out.returncode == 255
+    assert "Host key verification failed" in out.stderr
+
+
+def test_ansible_ping_through_generated_inventory(lab_up):
+    ansible = Path(sys.executable).parent / "ansible"
+    out = subprocess.run(
+        [str(ansible), "-i", lab_up["inventory"], "all", "-m", "ansible.builtin.ping", "-o"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": f"{ansible.parent}:/usr/bin:/bin",
+            "HOME": str(Path.home()),
+            "ANSIBLE_HOST_KEY_CHECKING": "True",
+        },
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count('"ping": "pong"') == 2
+
+
+def test_second_up_changes_nothing(lab_up, umprov_module_cli):
+    result = umprov_module_cli("lab", "up", "--hosts", "2", "--name", NAME, "--json")
+    assert result.exit_code == 0, result.stderr
+    again = json.loads(result.stdout)
+    assert again["changed"] is False, again["changes"]
+    assert [h["port"] for h in again["hosts"]] == [h["port"] for h in lab_up["hosts"]]
+    assert "nothing changed" not in result.stdout  # people's text stays on stderr
+
+
+def test_status_lists_the_hosts(lab_up, umprov_module_cli):
+    result = umprov_module_cli("lab", "status", "--name", NAME, "--json")
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)["hosts"]
+    assert sorted(r["host"] for r in rows) == [f"lab-{NAME}-1", f"lab-{NAME}-2"]
+
+
+def test_down_leaves_only_the_cached_image(lab_up, umprov_module_cli, docker_client):
+    from umprov.lab import LABEL, inventory_path, lab_dir, recipe_tag
+
+    result = umprov_module_cli("lab", "down", "--name", NAME, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL}={NAME}"})
+    assert not [v for v in docker_client.volumes.list() if v.name.startswith(f"umprov-lab-{NAME}-")]
+    assert not [n for n in docker_client.networks.list() if n.name == f"umprov-lab-{NAME}"]
+    assert not inventory_path(NAME).exists()
+    assert not lab_dir(NAME).exists()
+    docker_client.images.get(recipe_tag())  # kept for the next `lab up`
+    again = umprov_module_cli("lab", "down", "--name", NAME, "--json")
+    assert json.loads(again.stdout)["removed"] == []

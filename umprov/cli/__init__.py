@@ -1,0 +1,163 @@
+"""The umprov command line: a lazily loaded Click group and the one error boundary.
+
+Each command lives in its own module, imported only when that command (or its help) is
+needed; heavy libraries (ansible, ansible_runner, docker, paramiko, rich) are imported inside
+command functions, so ``umprov --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from umprov import __version__
+from umprov.errors import ExitCode, UmprovError
+
+# name -> "module:attribute"; the order here is the order in --help.
+COMMANDS: dict[str, str] = {
+    "provision": "umprov.cli.provision:provision",
+    "deploy": "umprov.cli.deploy:deploy",
+    "verify": "umprov.cli.verify:verify",
+    "status": "umprov.cli.status:status",
+    "trust": "umprov.cli.trust:trust",
+    "image": "umprov.cli.image:image",
+    "inventory": "umprov.cli.inventory:inventory",
+    "lab": "umprov.cli.lab:lab",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self._lazy, *sorted(super().list_commands(ctx))]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self._lazy:
+            module_name, attr = self._lazy[cmd_name].split(":")
+            return getattr(importlib.import_module(module_name), attr)
+        return super().get_command(ctx, cmd_name)
+
+
+def _stack_versions() -> list[tuple[str, str]]:
+    from importlib import metadata
+
+    rows = [("umprov", __version__)]
+    for dist in ("ansible-core", "ansible-runner", "docker", "paramiko", "click", "rich"):
+        try:
+            rows.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            rows.append((dist, "not installed"))
+    rows.append(("python", sys.version.split()[0]))
+    return rows
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    for name, version in _stack_versions():
+        click.echo(f"{name} {version}")
+    ctx.exit(0)
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the versions of umprov and the stack underneath, then exit.",
+)
+def cli() -> None:
+    """Provision GPU hosts, deploy a PyTorch-CUDA container, prove every GPU healthy.
+
+    \b
+    umprov lab up                      simulated GPU hosts in local containers
+    umprov provision hosts             drivers, Docker, NVIDIA Container Toolkit
+    umprov deploy hosts                the PyTorch-CUDA container with SSH and Jupyter
+    umprov verify hosts                managed-memory, NCCL and health checks per GPU
+
+    INVENTORY arguments take what ansible-playbook -i takes, or a name under inventory/.
+    """
+
+
+def _log_internal_error(exc: BaseException) -> Path | None:
+    try:
+        from umprov.paths import state_dir
+
+        log_dir = state_dir() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = log_dir / f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        versions = "\n".join(f"{n} {v}" for n, v in _stack_versions())
+        body = f"argv: {sys.argv!r}\n{versions}\n\n" + "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)
+        )
+        path.write_text(body)
+        path.chmod(0o600)
+        return path
+    except OSError:
+        return None
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    raise UmprovError("terminated (SIGTERM)", exit_code=ExitCode.TERMINATED)
+
+
+def run(args: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; the one error boundary."""
+    try:
+        result = cli.main(args=args, prog_name="umprov", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        click.echo("umprov: interrupted", err=True)
+        return ExitCode.INTERRUPTED
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except UmprovError as exc:
+        click.echo(f"umprov: error: {exc}", err=True)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("umprov: interrupted", err=True)
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        return ExitCode.OK
+    except Exception as exc:  # the boundary: anything unexpected is a bug, reported once
+        log = _log_internal_error(exc)
+        where = f"; details in {log}" if log else ""
+        click.echo(
+            f"umprov: internal error: {type(exc).__name__}: {' '.join(str(exc).split())}{where}",
+            err=True,
+        )
+        return ExitCode.INTERNAL
+    return int(result or 0)
+
+
+def main() -> None:
+    if threading_is_main():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.exit(run())
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,71 @@
+"""Options and output helpers shared by every command.
+
+stdout carries data (``--json``); stderr carries what people read (rich tables and progress,
+drawn only on a TTY, plain text otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+inventory_argument = click.argument("inventory", required=False, metavar="[INVENTORY]")
+
+
+def json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print the result as JSON on stdout."
+    )(func)
+
+
+def emit_json(data: Any) -> None:
+    """Write one JSON document to stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def stderr_console() -> Any:
+    """A rich Console on stderr; colour and live display only on a TTY."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def say(message: str) -> None:
+    """A line for people, on stderr."""
+    click.echo(message, err=True)
+
+
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    styles: dict[str, str] | None = None,
+) -> None:
+    """A table for people on stderr: rich on a TTY, aligned plain text otherwise."""
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    if stderr_is_tty():
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        for col in columns:
+            table.add_column(col, style=(styles or {}).get(col))
+        for row in cells:
+            table.add_row(*row)
+        stderr_console().print(table)
+        return
+    widths = [max([len(col), *(len(r[i]) for r in cells)]) for i, col in enumerate(columns)]
+    lines = [title, "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    click.echo("\n".join(lines), err=True)

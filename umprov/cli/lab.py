@@ -1,0 +1,82 @@
+"""`umprov lab up|status|down`: the local lab of simulated GPU hosts."""
+
+from __future__ import annotations
+
+import click
+
+from umprov.cli._common import emit_json, json_option, print_table, say
+
+lab_name_option = click.option(
+    "--name", default="default", show_default=True, help="Name of the lab (several can coexist)."
+)
+
+
+@click.group()
+def lab() -> None:
+    """Simulated GPU hosts in local containers (needs a Docker engine)."""
+
+
+@lab.command("up")
+@click.option("--hosts", "count", type=int, default=2, show_default=True, help="Number of hosts.")
+@lab_name_option
+@json_option
+def up(count: int, name: str, as_json: bool) -> int:
+    """Create (or complete) a lab and write its inventory and known_hosts.
+
+    Idempotent: a second call with the same arguments changes nothing and says so.
+
+    \b
+    Example:
+      umprov lab up --hosts 3
+      umprov inventory check inventory/lab/default.yml
+    """
+    from umprov import lab as lab_mod
+
+    result = lab_mod.up(name, count, progress=say)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        rows = [(h.name, h.container, f"127.0.0.1:{h.port}", h.state) for h in result.hosts]
+        print_table(f"lab '{name}'", ["host", "container", "ssh", "state"], rows)
+        say(f"inventory: {result.inventory}")
+        say(f"known_hosts: {result.known_hosts}")
+        say("changed: " + "; ".join(result.changes) if result.changes else "nothing changed")
+    return 0
+
+
+@lab.command("status")
+@click.option("--name", default=None, help="Only this lab (default: all labs).")
+@json_option
+def status(name: str | None, as_json: bool) -> int:
+    """Show lab hosts and their state."""
+    from umprov import lab as lab_mod
+
+    rows = lab_mod.status(name)
+    if as_json:
+        emit_json({"hosts": rows})
+    elif not rows:
+        say("no lab hosts" + (f" in lab '{name}'" if name else ""))
+    else:
+        cols = ["lab", "host", "container", "state", "ssh", "image"]
+        print_table("lab hosts", cols, [[r[c] for c in cols] for r in rows])
+    return 0
+
+
+@lab.command("down")
+@lab_name_option
+@click.option("--purge", is_flag=True, help="Also remove the cached host image.")
+@json_option
+def down(name: str, purge: bool, as_json: bool) -> int:
+    """Remove a lab's containers, volumes, network, inventory and keys."""
+    from umprov import lab as lab_mod
+
+    removed = lab_mod.down(name, purge=purge, progress=say)
+    if as_json:
+        emit_json({"lab": name, "removed": removed})
+    else:
+        say(
+            f"lab '{name}': removed {len(removed)} item(s)"
+            if removed
+            else f"lab '{name}': nothing to remove"
+        )
+    return 0

@@ -1,0 +1,94 @@
+"""`umprov provision`: run the playbooks with live progress and a per-host summary."""
+
+from __future__ import annotations
+
+import click
+
+from umprov.cli._common import emit_json, inventory_argument, json_option, print_table, say
+
+ONLY = ("preflight", "driver", "docker", "toolkit")
+
+
+@click.command()
+@inventory_argument
+@click.option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")
+@click.option(
+    "--only",
+    type=click.Choice(ONLY),
+    multiple=True,
+    help="Run only this component (repeatable); the preflight checks always run.",
+)
+@click.option("--check", is_flag=True, help="Dry run: report what would change.")
+@click.option("--diff", is_flag=True, help="Show file and template differences.")
+@click.option(
+    "-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE", help="Set a variable."
+)
+@click.option("--forks", type=click.IntRange(1, 1000), help="Hosts handled in parallel.")
+@click.option(
+    "--playbook", default="site.yml", show_default=True, help="Playbook under playbooks/."
+)
+@json_option
+def provision(
+    inventory: str | None,
+    limit: str | None,
+    only: tuple[str, ...],
+    check: bool,
+    diff: bool,
+    extra: tuple[str, ...],
+    forks: int | None,
+    playbook: str,
+    as_json: bool,
+) -> int:
+    """Install NVIDIA drivers, Docker and the NVIDIA Container Toolkit on INVENTORY.
+
+    Runs playbooks/site.yml through ansible-runner. Exit code 0 when every host converged,
+    10 when a host failed, 11 when a host was unreachable.
+
+    \b
+    Examples:
+      umprov provision hosts
+      umprov provision lab/demo --only docker --check --diff
+    """
+    from umprov import provision as prov
+    from umprov.cli._progress import ProvisionProgress
+    from umprov.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    extra_vars = prov.parse_extra_vars(extra)
+    tags = ["preflight", *only] if only else []
+    with ProvisionProgress(inv.select(limit) if limit else inv.hosts) as progress:
+        result = prov.run_playbook(
+            inv,
+            playbook=playbook,
+            limit=limit,
+            tags=tags,
+            check=check,
+            diff=diff,
+            extra_vars=extra_vars,
+            forks=forks,
+            on_event=progress.update,
+        )
+    if as_json:
+        emit_json(result.to_dict())
+    rows = [
+        (
+            h.host,
+            h.status,
+            h.ok,
+            h.changed,
+            h.failed,
+            h.unreachable,
+            "; ".join(h.notes) or (h.failure or ""),
+        )
+        for h in result.hosts
+    ]
+    mode = " (check mode)" if check else ""
+    print_table(
+        f"provision{mode}: {result.playbook} on {len(rows)} host(s) in {result.elapsed_s:.0f} s",
+        ["host", "status", "ok", "changed", "failed", "unreachable", "notes"],
+        rows,
+    )
+    for h in result.hosts:
+        if h.failure and h.notes:
+            say(f"{h.host}: {h.failure}")
+    return int(result.exit_code)

@@ -1,0 +1,64 @@
+"""Domain errors and the exit codes they map to.
+
+Every error a user can cause or fix derives from UmprovError and carries its exit code;
+the CLI's error boundary (umprov.cli.main) prints ``str(error)`` as one line and exits with
+``error.exit_code``. Anything else is a bug: one line plus a log file with the traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented exit codes (README, "Exit codes"). Values are part of the public interface."""
+
+    OK = 0
+    FAILED = 1  # the command ran and some work failed (see the summary)
+    USAGE = 2  # bad command line (Click's own code)
+    INVENTORY = 3  # the inventory is missing, malformed or invalid
+    CONFIG = 4  # a bad value: option, variable, profile or spec file
+    ENVIRONMENT = 5  # a missing prerequisite: Docker engine, debootstrap, a tool
+    TRUST = 6  # an unknown or changed SSH host key
+    HOSTS_FAILED = 10  # one or more hosts failed
+    HOSTS_UNREACHABLE = 11  # one or more hosts could not be reached (and none failed otherwise)
+    VERIFY_WARN = 12  # verification finished with warnings only
+    VERIFY_FAIL = 13  # verification found a failing check
+    INTERNAL = 70  # a bug in umprov: see the log file named in the message
+    INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM
+
+
+class UmprovError(Exception):
+    """An error with a one-line message for people and a distinct exit code."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+    def __init__(self, message: str, *, exit_code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        # One line, always: multi-line library messages are folded.
+        return " ".join(str(self.args[0]).split()) if self.args else self.__class__.__name__
+
+
+class InventoryError(UmprovError):
+    exit_code = ExitCode.INVENTORY
+
+
+class ConfigError(UmprovError):
+    exit_code = ExitCode.CONFIG
+
+
+class EnvironmentProblem(UmprovError):
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class TrustError(UmprovError):
+    exit_code = ExitCode.TRUST
+
+
+class Interrupted(UmprovError):
+    exit_code = ExitCode.INTERRUPTED

@@ -1,0 +1,68 @@
+"""Where umprov finds its project files and keeps its state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def project_dir() -> Path:
+    """The directory holding ansible.cfg, playbooks/, roles/ and inventory/.
+
+    UMPROV_PROJECT_DIR wins; then the nearest directory from the working directory up that
+    holds both ansible.cfg and playbooks/; then the checkout umprov was installed from.
+    """
+    env = os.environ.get("UMPROV_PROJECT_DIR")
+    if env:
+        return Path(env).resolve()
+    here = Path.cwd().resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "ansible.cfg").is_file() and (candidate / "playbooks").is_dir():
+            return candidate
+    return PACKAGE_DIR.parent
+
+
+def state_dir() -> Path:
+    """Private per-user state: container known_hosts, Jupyter tokens, logs, run artifacts."""
+    env = os.environ.get("UMPROV_STATE_DIR")
+    if env:
+        base = Path(env)
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        base = Path(xdg) / "umprov"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return base
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write a file atomically with mode 0600 (never a moment with wider permissions)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Write a file atomically (temp file in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,417 @@
+"""Run the playbooks through ansible-runner: events in, progress and per-host results out.
+
+ansible-runner runs ansible-playbook in its own thread; its events arrive on a queue (the
+pattern ansible-navigator uses), so the caller's thread owns the terminal. Results are
+classified from the play stats, never from ansible-playbook's exit code, which is ambiguous
+(2 means both "a host failed" and "bad option").
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import ConfigError, ExitCode, UmprovError
+from umprov.inventory import Inventory
+from umprov.paths import project_dir, state_dir
+
+STAGES = {"preflight": "preflight", "driver": "driver", "docker": "docker", "toolkit": "toolkit"}
+# Facts a role sets to tell the summary what it did (one short string each).
+SUMMARY_FACTS = (
+    "nvidia_driver_summary",
+    "docker_engine_summary",
+    "nvidia_container_toolkit_summary",
+)
+KEEP_RUNS = 10
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    changed_tasks: list[str] = field(default_factory=list)
+    failure: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "changed" if self.changed else "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "status": self.status,
+            "ok": self.ok,
+            "changed": self.changed,
+            "failed": self.failed,
+            "unreachable": self.unreachable,
+            "skipped": self.skipped,
+            "changed_tasks": self.changed_tasks,
+            "failure": self.failure,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class ProvisionResult:
+    playbook: str
+    inventory: str
+    check: bool
+    hosts: list[HostResult]
+    elapsed_s: float
+    artifacts: str
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if any(h.failed for h in self.hosts):
+            return ExitCode.HOSTS_FAILED
+        if any(h.unreachable for h in self.hosts):
+            return ExitCode.HOSTS_UNREACHABLE
+        return ExitCode.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "umprov.provision/1",
+            "playbook": self.playbook,
+            "inventory": self.inventory,
+            "check": self.check,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "exit_code": int(self.exit_code),
+            "artifacts": self.artifacts,
+            "hosts": [h.to_dict() for h in self.hosts],
+        }
+
+
+@dataclass
+class Event:
+    """A reduced ansible-runner event, enough for progress display."""
+
+    kind: str  # task_start, ok, changed, failed, unreachable, skipped, play
+    host: str | None
+    task: str
+    message: str = ""
+
+
+EventSink = Callable[[Event], None]
+
+
+def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
+    """-e KEY=VALUE pairs; values parsed as YAML scalars (true, 3, [a, b]) like Ansible does."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"-e {pair!r}: expected KEY=VALUE with KEY a variable name")
+        try:
+            out[key] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+def _private_dir() -> Path:
+    runs = state_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    old = sorted(p for p in runs.iterdir() if p.is_dir())
+    for stale in old[: max(0, len(old) - KEEP_RUNS + 1)]:
+        shutil.rmtree(stale, ignore_errors=True)
+    path = runs / f"provision-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    path.mkdir(mode=0o700)
+    return path
+
+
+def _short_failure(res: dict[str, Any]) -> str:
+    msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
+    if not msg and res.get("results"):
+        failed = [r for r in res["results"] if isinstance(r, dict) and r.get("failed")]
+        if failed:
+            msg = failed[0].get("msg") or failed[0].get("stderr") or ""
+    return " ".join(str(msg).split())[:300]
+
+
+def run_playbook(
+    inventory: Inventory,
+    *,
+    playbook: str = "site.yml",
+    limit: str | None = None,
+    tags: Sequence[str] = (),
+    check: bool = False,
+    diff: bool = False,
+    extra_vars: dict[str, Any] | None = None,
+    forks: int | None = None,
+    on_event: EventSink | None = None,
+    cancel: threading.Event | None = None,
+) -> ProvisionResult:
+    """Run a playbook from playbooks/ against an inventory and collect per-host results."""
+    import ansible_runner
+
+    root = project_dir()
+    play_path = root / "playbooks" / playbook
+    if not play_path.is_file():
+        raise ConfigError(f"playbook not found: {play_path}")
+    private = _private_dir()
+    cmdline: list[str] = []
+    if tags:
+        cmdline += ["--tags", ",".join(tags)]
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    if forks:
+        cmdline += ["--forks", str(forks)]
+
+    results: dict[str, HostResult] = {}
+    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    cancel = cancel or threading.Event()
+
+    def handler(event: dict[str, Any]) -> bool:
+        events.put(event)
+        return True
+
+    envvars = {
+        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(root / "roles"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        # ansible-runner sets this to False unless told otherwise: host keys stay verified.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+    }
+    started = time.monotonic()
+    with _runner_environment():
+        thread, runner = _start(
+            ansible_runner,
+            private,
+            root,
+            play_path,
+            inventory,
+            limit,
+            cmdline,
+            extra_vars,
+            envvars,
+            handler,
+            cancel,
+            events,
+        )
+    try:
+        for host in inventory.select(limit):
+            results[host.name] = HostResult(host.name)
+    except UmprovError:
+        pass  # an Ansible pattern richer than select() knows; hosts appear as events arrive
+    try:
+        while True:
+            try:
+                event = events.get(timeout=0.2)
+            except queue.Empty:
+                if not thread.is_alive() and events.empty():
+                    break
+                continue
+            if event is None:
+                break
+            _consume(event, results, on_event)
+    except KeyboardInterrupt:
+        cancel.set()
+        thread.join(timeout=30)
+        raise
+    thread.join()
+    _scrub_artifacts(Path(runner.config.artifact_dir))
+    _apply_stats(runner, results)
+    if (
+        runner.status in {"failed", "error"}
+        and not any(r.failed or r.unreachable for r in results.values())
+        and runner.rc not in (0, None)
+    ):
+        tail = _stdout_tail(runner)
+        raise UmprovError(f"ansible-playbook failed (exit {runner.rc}) before any host ran: {tail}")
+    if runner.status == "canceled":
+        from umprov.errors import Interrupted
+
+        raise Interrupted("interrupted; ansible-playbook was stopped")
+    return ProvisionResult(
+        playbook=str(play_path.relative_to(root)),
+        inventory=str(inventory.source),
+        check=check,
+        hosts=[results[k] for k in sorted(results)],
+        elapsed_s=time.monotonic() - started,
+        artifacts=str(private),
+    )
+
+
+def _start(
+    ansible_runner: Any,
+    private: Path,
+    root: Path,
+    play_path: Path,
+    inventory: Inventory,
+    limit: str | None,
+    cmdline: list[str],
+    extra_vars: dict[str, Any] | None,
+    envvars: dict[str, str],
+    handler: Callable[[dict[str, Any]], bool],
+    cancel: threading.Event,
+    events: queue.Queue[dict[str, Any] | None],
+) -> tuple[threading.Thread, Any]:
+    return ansible_runner.run_async(
+        private_data_dir=str(private),
+        project_dir=str(root),
+        playbook=str(play_path),
+        inventory=str(inventory.source.resolve()),
+        limit=limit,
+        cmdline=" ".join(cmdline) or None,
+        extravars=extra_vars or None,
+        envvars=envvars,
+        event_handler=handler,
+        cancel_callback=cancel.is_set,
+        finished_callback=lambda _r: events.put(None),
+        quiet=True,
+        suppress_env_files=True,
+        suppress_ansible_output=True,
+        timeout=None,
+    )
+
+
+# Variables ansible-playbook and ssh need; ansible-runner copies the whole environment into its
+# artifacts, so everything else (tokens, cloud credentials) is left out of the child's.
+_ENV_KEEP = {
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "TZ",
+    "SSH_AUTH_SOCK",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "UMPROV_PROJECT_DIR",
+    "UMPROV_STATE_DIR",
+}
+_SECRET_WORDS = ("PASS", "TOKEN", "SECRET", "CREDENTIAL")
+
+
+def _child_environment() -> dict[str, str]:
+    import sys
+
+    env = {}
+    for key, value in os.environ.items():
+        secret = any(w in key.upper() for w in _SECRET_WORDS) and not key.endswith("_FILE")
+        if key in _ENV_KEEP or (key.startswith("ANSIBLE_") and not secret):
+            env[key] = value
+    # ansible-playbook from umprov's own environment first: a venv need not be on PATH.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return env
+
+
+class _runner_environment:  # noqa: N801 - used as a context manager, reads like a function
+    """Swap os.environ for the child's while ansible-runner copies it (it reads it once)."""
+
+    def __enter__(self) -> None:
+        self.saved = dict(os.environ)
+        child = _child_environment()
+        os.environ.clear()
+        os.environ.update(child)
+
+    def __exit__(self, *_exc: object) -> None:
+        os.environ.clear()
+        os.environ.update(self.saved)
+
+
+def _scrub_artifacts(artifact_dir: Path) -> None:
+    """Drop the environment that ansible-runner records in artifacts/<id>/command."""
+    import json
+
+    command = artifact_dir / "command"
+    try:
+        data = json.loads(command.read_text())
+    except (OSError, ValueError):
+        return
+    data.pop("env", None)
+    command.write_text(json.dumps(data))
+
+
+def _stdout_tail(runner: Any) -> str:
+    try:
+        text = runner.stdout.read()
+    except (OSError, ValueError, AttributeError):
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    error_lines = [ln for ln in lines if "ERROR" in ln]
+    return " ".join((error_lines or lines[-1:])[-1:])[:300]
+
+
+def _consume(
+    event: dict[str, Any], results: dict[str, HostResult], on_event: EventSink | None
+) -> None:
+    kind = event.get("event", "")
+    data = event.get("event_data", {}) or {}
+    host = data.get("host")
+    task = str(data.get("task") or data.get("play") or "")
+    if host and host not in results:
+        results[host] = HostResult(host)
+    reduced: Event | None = None
+    if kind == "playbook_on_task_start":
+        reduced = Event("task_start", None, task)
+    elif kind == "playbook_on_play_start":
+        reduced = Event("play", None, str(data.get("play", "")))
+    elif kind == "runner_on_ok" and host:
+        res = data.get("res", {}) or {}
+        facts = res.get("ansible_facts") or {}
+        for name in SUMMARY_FACTS:
+            if facts.get(name):
+                results[host].notes.append(str(facts[name]))
+        if res.get("changed"):
+            results[host].changed_tasks.append(task)
+            reduced = Event("changed", host, task)
+        else:
+            reduced = Event("ok", host, task)
+    elif kind == "runner_on_failed" and host and not data.get("ignore_errors"):
+        res = data.get("res", {}) or {}
+        results[host].failure = results[host].failure or f"{task}: {_short_failure(res)}"
+        reduced = Event("failed", host, task, _short_failure(res))
+    elif kind == "runner_on_unreachable" and host:
+        res = data.get("res", {}) or {}
+        results[host].failure = results[host].failure or f"unreachable: {_short_failure(res)}"
+        reduced = Event("unreachable", host, task, _short_failure(res))
+    elif kind == "runner_on_skipped" and host:
+        reduced = Event("skipped", host, task)
+    if reduced and on_event:
+        on_event(reduced)
+
+
+def _apply_stats(runner: Any, results: dict[str, HostResult]) -> None:
+    stats = runner.stats or {}
+    for key, attr in (
+        ("ok", "ok"),
+        ("changed", "changed"),
+        ("failures", "failed"),
+        ("dark", "unreachable"),
+        ("skipped", "skipped"),
+    ):
+        for host, count in (stats.get(key) or {}).items():
+            results.setdefault(host, HostResult(host))
+            setattr(results[host], attr, int(count))
+    # Hosts that never ran (e.g. a failed preflight stopped the play) are not "ok".
+    ran = set().union(*[set(stats.get(k) or {}) for k in ("ok", "failures", "dark", "skipped")])
+    for host, result in results.items():
+        if stats and host not in ran and not result.failure:
+            result.failure = "did not run (stopped before reaching this host)"
+            result.failed = 1
