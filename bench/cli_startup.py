@@ -1,0 +1,33 @@
+"""`umprov --help` wall time against `ansible-playbook --version`, measured in the same run.
+
+Target: ratio under 0.5 (lazy command loading keeps ansible, docker, paramiko, rich out).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from _common import save, wall
+
+BIN = Path(sys.executable).parent
+
+
+def main() -> None:
+    umprov = wall([str(BIN / "umprov"), "--help"])
+    baseline = wall([str(BIN / "ansible-playbook"), "--version"])
+    version = wall([str(BIN / "umprov"), "--version"])
+    save(
+        "cli_startup",
+        {
+            "umprov_help": umprov,
+            "umprov_version": version,
+            "baseline_ansible_playbook_version": baseline,
+            "ratio_help_to_baseline": round(umprov["median_s"] / baseline["median_s"], 3),
+            "target_ratio": 0.5,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

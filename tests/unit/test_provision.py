@@ -1,0 +1,121 @@
+"""The ansible-runner wrapper: classification from stats, events, environment hygiene."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from umprov import provision
+from umprov.errors import ConfigError, ExitCode
+from umprov.provision import HostResult, ProvisionResult
+
+
+def test_parse_extra_vars_types():
+    assert provision.parse_extra_vars(["a=1", "b=true", "c=x y", "d=[1, 2]", "e="]) == {
+        "a": 1, "b": True, "c": "x y", "d": [1, 2], "e": "",
+    }
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=1", "not a name=1"])
+def test_parse_extra_vars_rejects(bad):
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        provision.parse_extra_vars([bad])
+
+
+def _result(*hosts: HostResult) -> ProvisionResult:
+    return ProvisionResult("playbooks/site.yml", "inv", False, list(hosts), 1.0, "/tmp/x")
+
+
+def test_exit_code_failed_beats_unreachable():
+    assert _result(HostResult("a", ok=3)).exit_code == ExitCode.OK
+    assert _result(HostResult("a"), HostResult("b", unreachable=1)).exit_code == ExitCode.HOSTS_UNREACHABLE
+    assert _result(HostResult("a", failed=1), HostResult("b", unreachable=1)).exit_code == ExitCode.HOSTS_FAILED
+
+
+def test_status_words():
+    assert HostResult("a", ok=2).status == "ok"
+    assert HostResult("a", ok=2, changed=1).status == "changed"
+    assert HostResult("a", failed=1).status == "failed"
+    assert HostResult("a", unreachable=1, failed=1).status == "unreachable"
+
+
+def event(kind, host=None, task="t", **data):
+    return {"event": kind, "event_data": {"host": host, "task": task, **data}}
+
+
+def test_consume_collects_changes_failures_and_notes():
+    results: dict[str, HostResult] = {}
+    seen = []
+    for ev in [
+        event("playbook_on_task_start", task="Install driver"),
+        event("runner_on_ok", "a", "Install driver", res={"changed": True}),
+        event("runner_on_ok", "a", "Report", res={"ansible_facts": {"nvidia_driver_summary": "driver 580.1 installed"}}),
+        event("runner_on_failed", "b", "Install driver", res={"msg": "E: Unable to locate\npackage"}),
+        event("runner_on_failed", "b", "Probe", res={"msg": "ignored"}, ignore_errors=True),
+        event("runner_on_unreachable", "c", "Gather", res={"msg": "ssh: connect refused"}),
+    ]:
+        provision._consume(ev, results, seen.append)
+    assert results["a"].changed_tasks == ["Install driver"]
+    assert results["a"].notes == ["driver 580.1 installed"]
+    assert results["b"].failure == "Install driver: E: Unable to locate package"
+    assert results["c"].failure == "unreachable: ssh: connect refused"
+    assert [e.kind for e in seen] == ["task_start", "changed", "ok", "failed", "unreachable"]
+
+
+def test_stats_decide_counts_and_hosts_that_never_ran():
+    results = {"a": HostResult("a"), "b": HostResult("b")}
+    runner = SimpleNamespace(stats={"ok": {"a": 5}, "changed": {"a": 2}, "failures": {}, "dark": {}, "skipped": {}})
+    provision._apply_stats(runner, results)
+    assert (results["a"].ok, results["a"].changed, results["a"].failed) == (5, 2, 0)
+    assert results["b"].failed == 1 and "did not run" in results["b"].failure
+
+
+def test_child_environment_drops_secrets_and_keeps_ssh(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("GITHUB_TOKEN", "tok")
+    monkeypatch.setenv("ANSIBLE_BECOME_PASS", "pw")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", "/etc/vault-pass")
+    monkeypatch.setenv("ANSIBLE_FORKS", "7")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
+    env = provision._child_environment()
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env
+    assert "ANSIBLE_BECOME_PASS" not in env
+    assert env["ANSIBLE_VAULT_PASSWORD_FILE"] == "/etc/vault-pass"
+    assert env["ANSIBLE_FORKS"] == "7" and env["SSH_AUTH_SOCK"] == "/run/agent.sock"
+    assert env["PATH"].split(":")[0].endswith("bin")
+
+
+def test_runner_environment_is_restored(monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "tok")
+    with provision._runner_environment():
+        import os
+
+        assert "GITHUB_TOKEN" not in os.environ
+    assert os.environ["GITHUB_TOKEN"] == "tok"
+
+
+def test_scrub_artifacts_removes_env(tmp_path):
+    (tmp_path / "command").write_text('{"command": ["ansible-playbook"], "env": {"X": "secret"}}')
+    provision._scrub_artifacts(tmp_path)
+    assert "secret" not in (tmp_path / "command").read_text()
+    assert "ansible-playbook" in (tmp_path / "command").read_text()
+
+
+def test_private_dir_is_0700_and_rotated(tmp_path, monkeypatch):
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i in range(provision.KEEP_RUNS + 3):
+        (runs / f"provision-2020010{i:02d}").mkdir()
+    path = provision._private_dir()
+    assert oct(path.stat().st_mode & 0o777) == "0o700"
+    assert len(list(runs.iterdir())) == provision.KEEP_RUNS
+
+
+def test_provision_bad_extra_var_exit_code(umprov_cli, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    a:\n      ansible_host: 127.0.0.1\n")
+    result = umprov_cli("provision", str(inv), "-e", "oops")
+    assert result.exit_code == ExitCode.CONFIG
+    assert "-e 'oops'" in result.stderr
