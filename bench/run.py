@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHES = ["cli_startup.py", "lab_up.py"]
+BENCHES = ["cli_startup.py", "lab_up.py", "deploy_bench.py"]
 
 for bench in BENCHES:
     print(f"== {bench}", flush=True)

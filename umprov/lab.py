@@ -96,7 +96,10 @@ systemctl mask getty.target console-getty.service systemd-udevd.service \\
   apt-daily.timer apt-daily-upgrade.timer
 : > /etc/machine-id
 apt-get clean
-rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/lib/apt/periodic/*
+# An emptied list folder must look old, as on a host that never ran apt-get update, or apt
+# clients that trust its age (Ansible's cache_valid_time) skip the update.
+touch -d @0 /var/lib/apt/lists
 """
 
 
@@ -175,9 +178,8 @@ def inventory_path(name: str) -> Path:
 
 def docker_engine(progress: Progress = _quiet, *, start: bool = True) -> Any:
     """A docker SDK client for the local engine, starting dockerd when root and none runs."""
-    from docker.errors import DockerException
-
     import docker
+    from docker.errors import DockerException
 
     try:
         client = docker.from_env(timeout=300)
@@ -491,9 +493,84 @@ def render_inventory(name: str, hosts: list[LabHost], key_file: Path, known_host
     )
 
 
+REPO_PORT = 8080
+# PID 1's start time (jiffies after the kernel's boot) changes when a lab host's container
+# restarts, which the kernel's boot_id, shared with the machine, does not.
+LAB_BOOT_TIME_COMMAND = "cut -d' ' -f22 /proc/1/stat"
+
+
+def repo_url(name: str) -> str:
+    return f"http://{PREFIX}-{name}-repo:{REPO_PORT}"
+
+
 def lab_role_vars(name: str) -> dict[str, Any]:
-    """Role variables that point the roles at the lab (set by the provisioning integration)."""
-    return {}
+    """Role variables that point the roles at the lab: its stand-in repositories, no GPU."""
+    from umprov.lab_repo import role_variables
+
+    base = repo_url(name) + "/"
+    relative = {
+        "relative_urls": {
+            "cuda_repo": "compute/cuda/repos/debian12/x86_64/",
+            "toolkit_repo": "libnvidia-container/stable/deb/amd64/",
+            "public_key_asc": "umprov-lab.asc",
+        }
+    }
+    return {
+        **role_variables(base, relative),
+        "nvidia_driver_require_gpu": False,
+        # A container runs the machine's kernel, whose headers no apt repository has.
+        "nvidia_driver_require_kernel_headers": False,
+        "nvidia_driver_reboot_boot_time_command": LAB_BOOT_TIME_COMMAND,
+        "docker_engine_source": "distribution",
+    }
+
+
+def _repo_stamp() -> str:
+    import umprov.lab_repo as lab_repo
+
+    return hashlib.sha256(Path(lab_repo.__file__).read_bytes()).hexdigest()[:16]
+
+
+def ensure_repo(client: Any, name: str, image: str, progress: Progress = _quiet) -> list[str]:
+    """Build the signed stand-in repository (once per recipe) and serve it on the lab network."""
+    from docker.errors import NotFound
+
+    from umprov.lab_repo import LabRepoError, build_stand_in_repo
+
+    changes: list[str] = []
+    directory = lab_dir(name)
+    root = directory / "repo"
+    stamp = directory / "repo.stamp"
+    if not stamp.exists() or stamp.read_text() != _repo_stamp():
+        progress("building the lab's signed stand-in apt repository")
+        try:
+            build_stand_in_repo(root, key_dir=directory / "repo-key")
+        except LabRepoError as exc:
+            raise EnvironmentProblem(f"cannot build the lab repository: {exc}") from None
+        stamp.write_text(_repo_stamp())
+        changes.append("built the stand-in apt repository")
+    container_name = f"{PREFIX}-{name}-repo"
+    try:
+        container = client.containers.get(container_name)
+        if container.status != "running":
+            container.start()
+            changes.append(f"started {container_name}")
+    except NotFound:
+        progress(f"serving the repository from {container_name}")
+        client.containers.run(
+            image,
+            ["python3", "-m", "http.server", str(REPO_PORT), "--directory", "/srv/repo"],
+            name=container_name,
+            hostname=container_name,
+            detach=True,
+            network=f"{PREFIX}-{name}",
+            labels={LABEL: name, f"{LABEL}.role": "repo"},
+            volumes={str(root): {"bind": "/srv/repo", "mode": "ro"}},
+            restart_policy={"Name": "always"},
+            user="nobody",
+        )
+        changes.append(f"created {container_name}")
+    return changes
 
 
 def render_known_hosts(hosts: list[LabHost]) -> str:
@@ -532,6 +609,7 @@ def up(name: str, count: int, progress: Progress = _quiet) -> LabResult:
     key_file = directory / "id_ed25519"
     if _ensure_key(key_file):
         changes.append("created the lab SSH key")
+    changes += ensure_repo(client, name, image, progress)
     public_key = key_file.with_suffix(".pub").read_text()
 
     existing = _containers(client, name)

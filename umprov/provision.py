@@ -23,12 +23,9 @@ from umprov.inventory import Inventory
 from umprov.paths import project_dir, state_dir
 
 STAGES = {"preflight": "preflight", "driver": "driver", "docker": "docker", "toolkit": "toolkit"}
-# Facts a role sets to tell the summary what it did (one short string each).
-SUMMARY_FACTS = (
-    "nvidia_driver_summary",
-    "docker_engine_summary",
-    "nvidia_container_toolkit_summary",
-)
+# Facts each role sets at its end to tell the summary what it did (see _note()).
+STATUS_FACTS = ("nvidia_driver_status", "docker_engine_status", "nvidia_container_toolkit_status")
+
 KEEP_RUNS = 10
 
 
@@ -43,6 +40,7 @@ class HostResult:
     changed_tasks: list[str] = field(default_factory=list)
     failure: str | None = None
     notes: list[str] = field(default_factory=list)
+    status_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -64,6 +62,7 @@ class HostResult:
             "changed_tasks": self.changed_tasks,
             "failure": self.failure,
             "notes": self.notes,
+            "roles": self.status_facts,
         }
 
 
@@ -108,6 +107,32 @@ class Event:
 
 
 EventSink = Callable[[Event], None]
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).lower() in {"true", "1", "yes"}
+
+
+def _note(fact: str, status: dict[str, Any]) -> str:
+    """One short phrase per role for the summary table: what the run did or found."""
+    if fact == "nvidia_driver_status":
+        version = status.get("version") or "?"
+        text = f"driver {version} {status.get('action', '')} ({status.get('kernel_module', '?')})"
+        if _truthy(status.get("rebooted")):
+            text += ", rebooted"
+        elif _truthy(status.get("reboot_required")):
+            text += ", REBOOT REQUIRED"
+        return text
+    if fact == "docker_engine_status":
+        return f"docker from {status.get('source', '?')}"
+    if fact == "nvidia_container_toolkit_status":
+        runtime = (
+            "runtime configured"
+            if _truthy(status.get("runtime_configured"))
+            else "runtime not configured"
+        )
+        return f"toolkit {status.get('version', '?')}, {runtime}"
+    return ""
 
 
 def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
@@ -375,9 +400,12 @@ def _consume(
     elif kind == "runner_on_ok" and host:
         res = data.get("res", {}) or {}
         facts = res.get("ansible_facts") or {}
-        for name in SUMMARY_FACTS:
-            if facts.get(name):
-                results[host].notes.append(str(facts[name]))
+        for name in STATUS_FACTS:
+            if isinstance(facts.get(name), dict):
+                results[host].status_facts[name] = facts[name]
+                note = _note(name, facts[name])
+                if note:
+                    results[host].notes.append(note)
         if res.get("changed"):
             results[host].changed_tasks.append(task)
             reduced = Event("changed", host, task)

@@ -50,14 +50,14 @@ def test_consume_collects_changes_failures_and_notes():
     for ev in [
         event("playbook_on_task_start", task="Install driver"),
         event("runner_on_ok", "a", "Install driver", res={"changed": True}),
-        event("runner_on_ok", "a", "Report", res={"ansible_facts": {"nvidia_driver_summary": "driver 580.1 installed"}}),
+        event("runner_on_ok", "a", "Report", res={"ansible_facts": {"nvidia_driver_status": {"action": "installed", "version": "580.1", "kernel_module": "open", "reboot_required": "True"}}}),
         event("runner_on_failed", "b", "Install driver", res={"msg": "E: Unable to locate\npackage"}),
         event("runner_on_failed", "b", "Probe", res={"msg": "ignored"}, ignore_errors=True),
         event("runner_on_unreachable", "c", "Gather", res={"msg": "ssh: connect refused"}),
     ]:
         provision._consume(ev, results, seen.append)
     assert results["a"].changed_tasks == ["Install driver"]
-    assert results["a"].notes == ["driver 580.1 installed"]
+    assert results["a"].notes == ["driver 580.1 installed (open), REBOOT REQUIRED"]
     assert results["b"].failure == "Install driver: E: Unable to locate package"
     assert results["c"].failure == "unreachable: ssh: connect refused"
     assert [e.kind for e in seen] == ["task_start", "changed", "ok", "failed", "unreachable"]

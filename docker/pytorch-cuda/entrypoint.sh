@@ -1,0 +1,119 @@
+#!/bin/bash
+# umprov container entrypoint (PID 2, under tini): sshd and JupyterLab, stopped together.
+#
+# Inputs (all given at start, none baked into the image):
+#   SSH_AUTHORIZED_KEYS       public key line(s) for $UMPROV_USER, or
+#   SSH_AUTHORIZED_KEYS_FILE  a file holding them (default /etc/umprov/authorized_keys)
+#   JUPYTER_TOKEN_FILE        a file holding the Jupyter token (default: /run/secrets/jupyter_token
+#                             if present, else /etc/umprov/jupyter_token), or JUPYTER_TOKEN
+#   JUPYTER_IP, JUPYTER_PORT  where Jupyter listens inside the container (0.0.0.0:8888); the
+#                             host side is decided by port publishing (umprov deploy --bind)
+# The token is never printed; Jupyter itself shows a provided token as "...".
+set -euo pipefail
+
+log() { echo "umprov-entrypoint: $*" >&2; }
+die() { log "error: $*"; exit 64; }
+
+user=${UMPROV_USER:?UMPROV_USER is not set}
+uid=$(id -u "$user") || die "user $user does not exist in the image"
+gid=$(id -g "$user")
+home=$(getent passwd "$user" | cut -d: -f6)
+
+# --- SSH host keys: generated on first start, kept in the /etc/ssh/keys volume -------------
+keys=/etc/ssh/keys
+mkdir -p "$keys"
+chmod 0700 "$keys"
+if [ ! -s "$keys/ssh_host_ed25519_key" ]; then
+    rm -f "$keys/ssh_host_ed25519_key" "$keys/ssh_host_ed25519_key.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "umprov-container" -f "$keys/ssh_host_ed25519_key"
+    log "generated a new SSH host key"
+fi
+chmod 0600 "$keys/ssh_host_ed25519_key"
+chmod 0644 "$keys/ssh_host_ed25519_key.pub"
+
+# --- authorized keys for the one login user ------------------------------------------------
+auth_file=/etc/ssh/authorized_keys/$user
+mkdir -p /etc/ssh/authorized_keys
+if [ -n "${SSH_AUTHORIZED_KEYS:-}" ]; then
+    printf '%s\n' "$SSH_AUTHORIZED_KEYS" > "$auth_file.tmp"
+elif [ -s "${SSH_AUTHORIZED_KEYS_FILE:-/etc/umprov/authorized_keys}" ]; then
+    cat "${SSH_AUTHORIZED_KEYS_FILE:-/etc/umprov/authorized_keys}" > "$auth_file.tmp"
+else
+    die "no SSH key given: set SSH_AUTHORIZED_KEYS or mount SSH_AUTHORIZED_KEYS_FILE"
+fi
+grep -Eq '^(ssh-|ecdsa-|sk-)' "$auth_file.tmp" || die "SSH_AUTHORIZED_KEYS holds no public key"
+chown root:root "$auth_file.tmp"
+chmod 0644 "$auth_file.tmp"
+mv -f "$auth_file.tmp" "$auth_file"
+unset SSH_AUTHORIZED_KEYS
+
+# --- Jupyter token: required ---------------------------------------------------------------
+token_file=${JUPYTER_TOKEN_FILE:-}
+if [ -z "$token_file" ]; then
+    if [ -s /run/secrets/jupyter_token ]; then
+        token_file=/run/secrets/jupyter_token
+    else
+        token_file=/etc/umprov/jupyter_token
+    fi
+fi
+token=${JUPYTER_TOKEN:-}
+if [ -z "$token" ] && [ -s "$token_file" ]; then
+    token=$(tr -d '\r\n' < "$token_file")
+fi
+unset JUPYTER_TOKEN
+[ -n "$token" ] || die "no Jupyter token given: set JUPYTER_TOKEN_FILE (or JUPYTER_TOKEN)"
+[ "${#token}" -ge 16 ] || die "the Jupyter token is too short (16 characters at least)"
+
+# --- /workspace belongs to the user (a fresh volume may come up root-owned) -----------------
+if [ "$(stat -c %u /workspace)" != "$uid" ]; then
+    chown "$uid:$gid" /workspace
+fi
+
+# --- sshd: ssh sessions get the image's environment (PATH to the venv, CUDA variables) -------
+setenv=()
+for name in PATH LD_LIBRARY_PATH CUDA_HOME CUDA_VERSION NVIDIA_VISIBLE_DEVICES \
+            NVIDIA_DRIVER_CAPABILITIES PYTORCH_VERSION LANG; do
+    value=${!name:-}
+    if [ -n "$value" ] && [[ "$value" != *[[:space:]\"]* ]]; then
+        setenv+=("$name=$value")
+    fi
+done
+mkdir -p /run/sshd
+chmod 0755 /run/sshd
+/usr/sbin/sshd -t -o "AllowUsers=$user" || die "sshd configuration is invalid"
+/usr/sbin/sshd -D -e -o "AllowUsers=$user" -o "Port=${SSH_PORT:-22}" \
+    -o "SetEnv=${setenv[*]}" &
+sshd_pid=$!
+
+# --- Jupyter as the user ---------------------------------------------------------------------
+cd /workspace
+env -u SSH_AUTHORIZED_KEYS_FILE HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
+    JUPYTER_TOKEN="$token" \
+    setpriv --reuid="$uid" --regid="$gid" --init-groups \
+    jupyter lab --config=/etc/jupyter/jupyter_server_config.py &
+jupyter_pid=$!
+unset token
+
+stopping=0
+stop_all() {
+    stopping=1
+    kill -TERM "$jupyter_pid" "$sshd_pid" 2>/dev/null || true
+}
+trap stop_all TERM INT HUP
+
+# Whichever ends first (or a signal) stops the other; a crash exits non-zero so the restart
+# policy brings the container back.
+status=0
+wait -n "$sshd_pid" "$jupyter_pid" || status=$?
+if [ "$stopping" = 0 ]; then
+    log "a service stopped (status $status); stopping the container"
+fi
+stop_all
+wait "$jupyter_pid" 2>/dev/null || true
+wait "$sshd_pid" 2>/dev/null || true
+if [ "$stopping" = 1 ] && [ "$status" -ge 128 ]; then
+    # stopped by a signal we forwarded: a clean stop
+    log "stopped"
+    exit 0
+fi
+exit "$status"

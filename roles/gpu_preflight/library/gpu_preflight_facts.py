@@ -1,0 +1,327 @@
+#!/usr/bin/python
+# Copyright: umprov contributors
+# Apache License 2.0 (see pyproject.toml)
+"""Read-only GPU host facts for umprov's preflight play."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_preflight_facts
+short_description: Gather NVIDIA GPU host facts without changing anything
+description:
+  - Reads NVIDIA GPUs and NVSwitches from sysfs (C(/sys/bus/pci/devices), no pciutils needed),
+    the Secure Boot state (mokutil when present, else EFI variables; no EFI means disabled),
+    the running and installed kernels and their headers, and the installed NVIDIA driver
+    (asking nvidia-smi and C(/proc/driver/nvidia/version), and dpkg for who installed it).
+  - Changes nothing; supports check mode.
+options:
+  gpu_models:
+    description: PCI device ID (four lowercase hex digits) to a dict with C(model) and C(generation).
+    type: dict
+    default: {}
+  nvidia_smi_paths:
+    description: Extra places to look for nvidia-smi besides PATH (for example a read-only mount).
+    type: list
+    elements: path
+    default: []
+  driver_packages:
+    description: dpkg package name patterns that count as an NVIDIA driver installation.
+    type: list
+    elements: str
+    default: []
+  command_timeout:
+    description: Seconds nvidia-smi and mokutil may take before they count as not answering.
+    type: int
+    default: 30
+author: umprov
+"""
+
+RETURN = r"""
+gpus:
+  description: NVIDIA display/3D controllers on the PCI bus.
+  type: list
+  returned: always
+nvswitches:
+  description: NVSwitch devices (PCI bridges of NVIDIA, or nvidia-nvswitch devices in /proc).
+  type: list
+  returned: always
+secure_boot:
+  description: enabled (bool), method (mokutil, efivars, no_efi, unknown), detail.
+  type: dict
+  returned: always
+kernel:
+  description: running release, installed kernel releases, headers state per release.
+  type: dict
+  returned: always
+driver:
+  description: installed NVIDIA driver, whether it answers, and who manages it.
+  type: dict
+  returned: always
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+
+NVIDIA_VENDOR = "0x10de"
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# Turing (TU102, 0x1e02) is the first generation with open kernel module support; NVIDIA's
+# device IDs grow with the generation, so a device below this is Volta or older.
+FIRST_TURING_DEVICE = 0x1E00
+OPEN_REQUIRED = {"blackwell", "grace-hopper", "grace-blackwell"}
+OPEN_UNSUPPORTED = {"kepler", "maxwell", "pascal", "volta"}
+
+
+def _read(path, default=""):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return default
+
+
+def _run(module, argv, timeout, env=None):
+    """Run a read-only probe; return (rc, stdout, stderr); rc None when it cannot run."""
+    try:
+        proc = subprocess.run(  # noqa: S603
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, "", str(exc)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def pci_devices(gpu_models):
+    gpus, switches = [], []
+    for dev in sorted(glob.glob("/sys/bus/pci/devices/*")):
+        if _read(os.path.join(dev, "vendor")).lower() != NVIDIA_VENDOR:
+            continue
+        device = _read(os.path.join(dev, "device")).lower()
+        pci_class = _read(os.path.join(dev, "class")).lower()
+        device_id = device[2:] if device.startswith("0x") else device
+        entry = {
+            "address": os.path.basename(dev),
+            "device_id": device_id,
+            "class": pci_class,
+            "subsystem_device": _read(os.path.join(dev, "subsystem_device")).lower(),
+            "driver": os.path.basename(os.path.realpath(os.path.join(dev, "driver")))
+            if os.path.exists(os.path.join(dev, "driver"))
+            else "",
+        }
+        if pci_class.startswith("0x03"):
+            known = gpu_models.get(device_id) or {}
+            generation = str(known.get("generation", "")).lower()
+            try:
+                number = int(device_id, 16)
+            except ValueError:
+                number = 0
+            if generation in OPEN_REQUIRED:
+                open_module = "required"
+            elif generation in OPEN_UNSUPPORTED:
+                open_module = "unsupported"
+            elif generation:
+                open_module = "supported"
+            else:
+                open_module = "supported" if number >= FIRST_TURING_DEVICE else "unsupported"
+            entry.update(
+                model=known.get("model", "NVIDIA device 0x%s" % device_id),
+                generation=generation or "unknown",
+                open_module=open_module,
+            )
+            gpus.append(entry)
+        elif pci_class.startswith("0x0680"):
+            switches.append(entry)
+    proc_switches = sorted(os.listdir("/proc/driver/nvidia-nvswitch/devices")) if os.path.isdir(
+        "/proc/driver/nvidia-nvswitch/devices"
+    ) else []
+    return gpus, switches, proc_switches
+
+
+def secure_boot(module, timeout):
+    mokutil = shutil.which("mokutil")
+    if mokutil:
+        rc, out, err = _run(module, [mokutil, "--sb-state"], timeout)
+        text = (out + err).lower()
+        if "secureboot enabled" in text:
+            return {"enabled": True, "method": "mokutil", "detail": out.strip()}
+        if "secureboot disabled" in text:
+            return {"enabled": False, "method": "mokutil", "detail": out.strip()}
+        if "not supported" in text or "efi variables are not supported" in text:
+            return {"enabled": False, "method": "mokutil", "detail": (out + err).strip()}
+    if not os.path.isdir("/sys/firmware/efi"):
+        return {"enabled": False, "method": "no_efi", "detail": "no /sys/firmware/efi: legacy BIOS or no EFI"}
+    var = os.path.join("/sys/firmware/efi/efivars", SECURE_BOOT_VAR)
+    try:
+        with open(var, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return {"enabled": False, "method": "unknown", "detail": "EFI present, %s unreadable: %s" % (var, exc)}
+    # efivarfs: 4 bytes of attributes, then the value (one byte, 1 = enabled).
+    enabled = len(data) >= 5 and data[4] == 1
+    return {"enabled": enabled, "method": "efivars", "detail": "SecureBoot=%d" % (data[4] if len(data) >= 5 else -1)}
+
+
+def _release_key(release):
+    return [int(p) if p.isdigit() else p for p in re.split(r"[.\-+~]", release)]
+
+
+def dpkg_status(module, names, timeout):
+    """name -> (version, installed?) for the given names or patterns; {} without dpkg."""
+    dpkg_query = shutil.which("dpkg-query")
+    if not dpkg_query or not names:
+        return {}
+    rc, out, _err = _run(
+        module, [dpkg_query, "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *names], timeout
+    )
+    result = {}
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3:
+            result[parts[0]] = {"version": parts[1], "installed": parts[2].strip()[:2] in ("ii", "hi")}
+    return result
+
+
+def kernel_facts(module, timeout):
+    running = os.uname().release
+    installed = set()
+    for path in glob.glob("/boot/vmlinuz-*"):
+        installed.add(os.path.basename(path)[len("vmlinuz-"):])
+    for path in glob.glob("/lib/modules/*/modules.dep"):
+        installed.add(os.path.basename(os.path.dirname(path)))
+    releases = sorted(installed | {running}, key=_release_key)
+    newest = releases[-1] if releases else running
+    headers = {}
+    status = dpkg_status(module, ["linux-headers-%s" % r for r in releases], timeout)
+    apt_cache = shutil.which("apt-cache")
+    for release in releases:
+        pkg = "linux-headers-%s" % release
+        present = os.path.isdir("/lib/modules/%s/build" % release) or os.path.isdir("/usr/src/%s" % pkg)
+        candidate = ""
+        if not present and apt_cache:
+            _rc, out, _err = _run(module, [apt_cache, "policy", pkg], timeout)
+            match = re.search(r"Candidate:\s*(\S+)", out)
+            if match and match.group(1) != "(none)":
+                candidate = match.group(1)
+        headers[release] = {
+            "package": pkg,
+            "installed": present or bool(status.get(pkg, {}).get("installed")),
+            "candidate": candidate,
+            "installable": bool(candidate),
+        }
+    flavour = running.split("-")[-1] if "-" in running else ""
+    return {
+        "running": running,
+        "newest": newest,
+        "installed": releases,
+        "headers": headers,
+        "flavour": flavour,
+    }
+
+
+def _nvidia_smi_candidates(extra):
+    seen, found = set(), []
+    for path in [shutil.which("nvidia-smi") or "", *extra]:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            real = os.path.realpath(path)
+            if real not in seen:
+                seen.add(real)
+                found.append(path)
+    return found
+
+
+def driver_facts(module, extra_paths, patterns, timeout):
+    proc_version = _read("/proc/driver/nvidia/version")
+    loaded_version, loaded_flavour = "", ""
+    match = re.search(r"Kernel Module(?: for [^ ]+)?\s+([0-9]+\.[0-9]+(?:\.[0-9]+)?)", proc_version)
+    if match:
+        loaded_version = match.group(1)
+        loaded_flavour = "open" if "open kernel module" in proc_version.lower() else "proprietary"
+    smi_path, smi_version, smi_rc, smi_message = "", "", None, ""
+    for candidate in _nvidia_smi_candidates(extra_paths):
+        bindir = os.path.dirname(os.path.realpath(candidate))
+        root = os.path.dirname(bindir)
+        env = dict(os.environ)
+        libdirs = [d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib")) if os.path.isdir(d)]
+        if libdirs and not root.startswith("/usr"):
+            env["LD_LIBRARY_PATH"] = ":".join(libdirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+        rc, out, err = _run(
+            module, [candidate, "--query-gpu=driver_version", "--format=csv,noheader"], timeout, env=env
+        )
+        smi_path, smi_rc = candidate, rc
+        if rc == 0 and out.strip():
+            smi_version = out.strip().splitlines()[0].strip()
+            smi_message = ""
+            break
+        smi_message = (out + err).strip().splitlines()[0] if (out + err).strip() else "rc=%s" % rc
+    packages = dpkg_status(module, patterns, timeout)
+    installed_pkgs = {name: info["version"] for name, info in packages.items() if info["installed"]}
+    owner = ""
+    if smi_path and shutil.which("dpkg"):
+        rc, out, _err = _run(module, ["dpkg", "-S", os.path.realpath(smi_path)], timeout)
+        if rc != 0:
+            rc, out, _err = _run(module, ["dpkg", "-S", smi_path], timeout)
+        if rc == 0:
+            owner = out.split(":", 1)[0].strip()
+    answers = bool(smi_version)
+    present = bool(smi_path or loaded_version or installed_pkgs)
+    if not present:
+        managed_by = "none"
+    elif owner or (installed_pkgs and not smi_path):
+        managed_by = "dpkg"
+    else:
+        managed_by = "foreign"
+    version = smi_version or loaded_version
+    return {
+        "present": present,
+        "answers": answers,
+        "version": version,
+        "branch": version.split(".")[0] if version else "",
+        "loaded_version": loaded_version,
+        "kernel_module": loaded_flavour,
+        "nvidia_smi": smi_path,
+        "nvidia_smi_rc": smi_rc,
+        "nvidia_smi_message": smi_message,
+        "nvidia_smi_owner": owner,
+        "managed_by": managed_by,
+        "packages": installed_pkgs,
+        "mismatch": bool(smi_version and loaded_version and smi_version != loaded_version),
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            gpu_models=dict(type="dict", default={}),
+            nvidia_smi_paths=dict(type="list", elements="path", default=[]),
+            driver_packages=dict(type="list", elements="str", default=[]),
+            command_timeout=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    timeout = module.params["command_timeout"]
+    models = {str(k).lower().replace("0x", ""): v for k, v in module.params["gpu_models"].items()}
+    gpus, switches, proc_switches = pci_devices(models)
+    nvswitch = {
+        "present": bool(switches or proc_switches),
+        "pci": switches,
+        "proc_devices": proc_switches,
+    }
+    module.exit_json(
+        changed=False,
+        gpus=gpus,
+        nvswitch=nvswitch,
+        secure_boot=secure_boot(module, timeout),
+        kernel=kernel_facts(module, timeout),
+        driver=driver_facts(
+            module, module.params["nvidia_smi_paths"], module.params["driver_packages"], timeout
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The roles, playbooks and inventory pass yamllint, ansible-lint (production) and a syntax check."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str | None:
+    local = BIN / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which(name)
+
+
+def _run(argv: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), NO_COLOR="1")
+    return subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def test_yamllint_is_clean() -> None:
+    tool = _tool("yamllint")
+    if tool is None:
+        pytest.skip("yamllint is not installed (pip install -e '.[dev]')")
+    proc = _run([tool, "--strict", "roles", "playbooks", "inventory", ".yamllint", ".ansible-lint"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ansible_lint_production_profile_is_clean() -> None:
+    tool = _tool("ansible-lint")
+    if tool is None:
+        pytest.skip("ansible-lint is not installed (pip install -e '.[dev]')")
+    proc = _run([tool, "--offline", "--profile", "production", "--nocolor",
+                 "roles", "playbooks", "inventory"])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+
+
+@pytest.mark.parametrize(
+    "playbook", ["site.yml", "preflight.yml", "driver.yml", "docker.yml", "toolkit.yml"]
+)
+def test_playbook_syntax(playbook: str) -> None:
+    tool = _tool("ansible-playbook")
+    if tool is None:
+        pytest.skip("ansible-core is not installed")
+    proc = _run([tool, "--syntax-check", "-i", "inventory/hosts.yml", f"playbooks/{playbook}"],
+                timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_default_is_in_argument_specs() -> None:
+    import yaml
+
+    for role in sorted((ROOT / "roles").iterdir()):
+        defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+        specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
+        options = specs["argument_specs"]["main"]["options"]
+        assert set(defaults) == set(options), role.name
+        for name, opt in options.items():
+            assert name.startswith(role.name + "_"), name
+            assert opt.get("type") and opt.get("description"), name
+            assert opt.get("default") == defaults[name], name

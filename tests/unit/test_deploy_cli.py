@@ -1,0 +1,96 @@
+"""`umprov deploy`, `status --connect`, `trust` and `image build` option handling, in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC4xqZ1vUQ0n0Fvh5yq0i7XGkQm0sKQdLqJ6dW7b7c1T me@laptop"
+
+
+@pytest.fixture
+def pubkey(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519.pub"
+    path.write_text(KEY + "\n")
+    return path
+
+
+def test_deploy_help_lists_the_options(umprov_cli):
+    result = umprov_cli("deploy", "--help")
+    assert result.exit_code == 0
+    for opt in ("--image", "--pull", "--push", "--gpus", "--ssh-port", "--jupyter-port", "--bind",
+                "--authorized-key", "--force", "--json", "--trust-new-hosts"):
+        assert opt in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "zero"], "not a GPU index"),
+        (["--ssh-port", "0"], "--ssh-port must be from 1 to 65535"),
+        (["--jupyter-port", "99999"], "--jupyter-port must be from 1 to 65535"),
+        (["--bind", "everywhere"], "--bind must be an IP address"),
+    ],
+)
+def test_deploy_rejects_bad_options_before_any_host(umprov_cli, pubkey, args, message):
+    result = umprov_cli("deploy", "nowhere.yml", "--authorized-key", str(pubkey), *args)
+    assert result.exit_code == 4, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_deploy_refuses_a_private_key(umprov_cli, tmp_path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n-----END OPENSSH PRIVATE KEY-----\n")
+    result = umprov_cli("deploy", "nowhere.yml", "--authorized-key", str(key))
+    assert result.exit_code == 4 and "private key" in result.stderr
+
+
+def test_deploy_missing_inventory_is_an_inventory_error(umprov_cli, pubkey):
+    result = umprov_cli("deploy", "no/such/inventory.yml", "--authorized-key", str(pubkey))
+    assert result.exit_code == 3 and "inventory not found" in result.stderr
+
+
+def test_status_connect_without_deploy(umprov_cli):
+    result = umprov_cli("status", "--connect", "gpu1")
+    assert result.exit_code == 4 and "nothing deployed" in result.stderr
+
+
+def test_status_connect_prints_token_only_when_asked(umprov_cli, tmp_path):
+    from umprov import deploy
+
+    host = type("H", (), {"name": "gpu1", "address": "10.0.0.5", "port": 22, "user": "ops",
+                          "key_file": None, "known_hosts": None, "vars": {}})()
+    settings = deploy.HostSettings("img", "all", 2222, 8888, "127.0.0.1", "umprov")
+    deploy.record_connection(host, settings, "umprov", None)
+    from umprov.paths import write_private
+
+    write_private(deploy.token_path("gpu1"), "tok-" + "x" * 40 + "\n")
+    result = umprov_cli("status", "--connect", "gpu1")
+    assert result.exit_code == 0
+    assert "ssh -F" in result.stdout and "umprov-gpu1" in result.stdout
+    assert "token=tok-" in result.stdout and "-L 8888:127.0.0.1:8888" in result.stdout
+
+
+def test_trust_needs_an_address_or_inventory(umprov_cli):
+    result = umprov_cli("trust", "not an address")
+    assert result.exit_code == 4
+
+
+def test_image_build_help(umprov_cli):
+    result = umprov_cli("image", "build", "--help")
+    assert result.exit_code == 0
+    assert "--base" in result.stdout and "--tag" in result.stdout and "--lab" in result.stdout
+
+
+def test_image_requirements_and_platforms():
+    from umprov import image
+
+    assert image.requirements(None) == ["jupyterlab", "ipykernel", "numpy", "pip"]
+    wheel = Path("/w/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    assert image.requirements(wheel)[0] == "torch==2.13.0+cpu"
+    plats = image.Target("3.11", "2.36").platforms()
+    assert "manylinux2014_x86_64" in plats and "manylinux_2_36_x86_64" in plats
+    assert "manylinux_2_37_x86_64" not in plats
+    assert image.Target("3.11", "2.36").abi == "cp311"

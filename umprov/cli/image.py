@@ -1,0 +1,84 @@
+"""`umprov image`: build the PyTorch-CUDA image (docker/pytorch-cuda)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from umprov.cli._common import emit_json, json_option, say
+
+
+@click.group()
+def image() -> None:
+    """Build the PyTorch-CUDA image with SSH and JupyterLab."""
+
+
+@image.command()
+@click.option("--base", metavar="IMAGE", help="Base image (default: the official PyTorch CUDA "
+              "runtime image; with --lab: the lab's Debian 12 host image).")
+@click.option("--tag", metavar="TAG", help="Tag for the built image.")
+@click.option("--lab", is_flag=True, help="Build for the lab: Debian 12 base, CPU torch wheel.")
+@click.option("--torch-wheel", type=click.Path(dir_okay=False, path_type=Path),
+              help="torch wheel to carry in the context (default for --lab: the CPU wheel).")
+@click.option("--python", "python_version", metavar="X.Y",
+              help="Python of the base, when the base is not on the engine to ask.")
+@click.option("--host", metavar="HOST", help="Build on this inventory host's engine (over SSH).")
+@click.option("--inventory", "-i", "inventory", metavar="INVENTORY",
+              help="Inventory holding --host.")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Record the host key of a host never seen before (first contact only).")
+@json_option
+def build(
+    base: str | None,
+    tag: str | None,
+    lab: bool,
+    torch_wheel: Path | None,
+    python_version: str | None,
+    host: str | None,
+    inventory: str | None,
+    trust_new_hosts: bool,
+    as_json: bool,
+) -> None:
+    """Build the image; Python packages come from wheels downloaded here, never from inside.
+
+    \b
+    umprov image build                      # official PyTorch 2.9 CUDA 12.8 base
+    umprov image build --lab                # the lab's Debian 12 base with a CPU torch
+    umprov image build --host gpu1 -i hosts # build on a host's engine instead
+    """
+    from umprov import image as image_mod
+    from umprov.errors import ConfigError
+
+    if lab and base is None:
+        from umprov.lab import recipe_tag
+
+        base = recipe_tag()
+    base = base or image_mod.DEFAULT_BASE
+    tag = tag or (image_mod.LAB_TAG if lab else image_mod.DEFAULT_TAG)
+    if host:
+        from umprov.inventory import load_inventory
+        from umprov.ssh import docker_client
+
+        hosts = load_inventory(inventory).select(host)
+        if len(hosts) != 1:
+            raise ConfigError(f"--host {host} matches {len(hosts)} hosts; name exactly one")
+        client = docker_client(hosts[0], trust_new=trust_new_hosts)
+        where = hosts[0].name
+    else:
+        from umprov.lab import docker_engine
+
+        client = docker_engine(start=False)
+        where = "the local engine"
+    say(f"building on {where}")
+    result = image_mod.build(
+        client, base=base, tag=tag, lab=lab, torch_wheel=torch_wheel,
+        python=python_version, progress=say,
+    )
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        say(
+            f"built {result.tag} ({result.image_id[7:19]}, {result.size_bytes / 1e9:.2f} GB) "
+            f"in {result.seconds:.0f} s"
+        )

@@ -1,0 +1,109 @@
+"""`umprov trust`: check a host's SSH key fingerprint and record it on confirmation."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import click
+
+from umprov.cli._common import emit_json, json_option, say
+
+
+@dataclass(frozen=True)
+class _Target:
+    name: str
+    address: str
+    port: int
+    known_hosts: str | None = None
+
+
+def _parse_address(text: str) -> _Target | None:
+    """ADDRESS, ADDRESS:PORT or [ADDRESS]:PORT, as known_hosts writes them."""
+    match = re.fullmatch(r"\[(?P<a>[^\]]+)\]:(?P<p>\d+)|(?P<b>[^:\s]+)(?::(?P<q>\d+))?", text)
+    if not match:
+        return None
+    address = match.group("a") or match.group("b")
+    port = int(match.group("p") or match.group("q") or 22)
+    return _Target(text, address, port)
+
+
+@click.command()
+@click.argument("host")
+@click.option("--inventory", "-i", metavar="INVENTORY",
+              help="Inventory holding HOST (a name or group pattern); without it HOST is an "
+              "address: ADDRESS, ADDRESS:PORT or [ADDRESS]:PORT.")
+@click.option("--yes", "-y", is_flag=True, help="Record without asking (scripted use).")
+@json_option
+def trust(host: str, inventory: str | None, yes: bool, as_json: bool) -> int:
+    """Show a host's SSH key fingerprint and record it in umprov's known_hosts if confirmed.
+
+    Compare the fingerprint with one read on the host's console (`ssh-keygen -lf
+    /etc/ssh/ssh_host_ed25519_key.pub`) before saying yes. A key that differs from one already
+    recorded is refused, never replaced.
+
+    \b
+    umprov trust gpu1 -i inventory/hosts.yml
+    umprov trust '[10.0.0.5]:2222' --yes
+    """
+    from umprov.errors import ConfigError, TrustError
+    from umprov.ssh import (
+        check_key,
+        files_holding,
+        host_pattern,
+        key_label,
+        known_hosts_files,
+        load_known_hosts,
+        record_host_key,
+        scan_host_key,
+    )
+
+    targets: list[_Target]
+    if inventory:
+        from umprov.inventory import load_inventory
+
+        targets = [
+            _Target(h.name, h.address, h.port, h.known_hosts)
+            for h in load_inventory(inventory).select(host)
+        ]
+    else:
+        parsed = _parse_address(host)
+        if parsed is None:
+            raise ConfigError(f"'{host}' is not an address; pass --inventory to use host names")
+        targets = [parsed]
+    report = []
+    for target in targets:
+        pattern = host_pattern(target.address, target.port)
+        files = known_hosts_files(target)  # type: ignore[arg-type]
+        key = scan_host_key(target.address, target.port)
+        check = check_key(load_known_hosts(files), pattern, key)
+        entry = {"host": target.name, "endpoint": pattern, "key": key_label(key)}
+        if check.state == "changed":
+            where = ", ".join(str(p) for p in files_holding(pattern, files))
+            raise TrustError(
+                f"HOST KEY CHANGED for {pattern}: it presents {key_label(key)}, {where} records "
+                f"{', '.join(key_label(k) for k in check.expected)}; refusing (remove the old "
+                "entry yourself if the host was really reinstalled)"
+            )
+        if check.state == "known":
+            say(f"{target.name} ({pattern}): already trusted, {key_label(key)}")
+            report.append({**entry, "recorded": False, "already_known": True})
+            continue
+        say(f"{target.name} ({pattern}) presents {key_label(key)}")
+        if not yes and not sys.stdin.isatty():
+            raise TrustError(
+                f"not recorded: {pattern} presents {key_label(key)} and there is no terminal to "
+                "confirm on; check the fingerprint, then pass --yes"
+            )
+        if not yes and not click.confirm("Trust this key and record it?", err=True, default=False):
+            say("not recorded")
+            report.append({**entry, "recorded": False, "already_known": False})
+            continue
+        path = record_host_key(pattern, key)
+        say(f"recorded in {path}")
+        report.append({**entry, "recorded": True, "already_known": False})
+    if as_json:
+        emit_json({"hosts": report})
+    untrusted = [r for r in report if not r["recorded"] and not r["already_known"]]
+    return 6 if untrusted else 0

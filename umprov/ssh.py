@@ -1,0 +1,443 @@
+"""SSH trust, in one place: paramiko clients, host-key checking, umprov's known_hosts.
+
+Rules this module keeps for every SSH connection umprov makes:
+
+- Host keys are checked against known_hosts files: the host's own (inventory variable
+  ``umprov_known_hosts``, which the lab writes), the user's ``~/.ssh/known_hosts``, and umprov's
+  ``state_dir()/known_hosts`` (keys recorded by ``umprov trust`` and pinned container keys).
+- An unknown host is refused with a message saying how to trust it; trusting on first use
+  happens only when asked (``umprov trust`` after showing the fingerprint, or
+  ``--trust-new-hosts``), and the key is then recorded in umprov's own file.
+- A key that differs from the recorded one is always refused, loudly. Nothing here replaces a
+  recorded host key on its own, except pinning a container's key that was read through an
+  already verified connection (``pin_host_key``).
+
+``docker_client`` gives a docker SDK client whose ssh:// transport runs over one of these
+verified paramiko connections (the SDK's own transport would read only ~/.ssh/known_hosts).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import getpass
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from umprov.errors import ExitCode, TrustError, UmprovError
+from umprov.paths import state_dir, write_private
+
+if TYPE_CHECKING:
+    import paramiko
+
+CONNECT_TIMEOUT = 15.0
+_file_lock = threading.Lock()
+
+
+class HostLike(Protocol):
+    """What this module needs of umprov.inventory.Host."""
+
+    name: str
+    address: str
+    port: int
+    user: str | None
+    key_file: str | None
+    known_hosts: str | None
+
+
+class Unreachable(UmprovError):
+    """The host did not answer on its SSH port (or the name does not resolve)."""
+
+    exit_code = ExitCode.HOSTS_UNREACHABLE
+
+
+class AuthFailed(UmprovError):
+    """SSH answered, but refused our key."""
+
+    exit_code = ExitCode.HOSTS_FAILED
+
+
+# ---------------------------------------------------------------------------------------------
+# known_hosts files and patterns
+
+
+def umprov_known_hosts() -> Path:
+    """umprov's own known_hosts: keys recorded by `umprov trust` and pinned container keys."""
+    return state_dir() / "known_hosts"
+
+
+def user_known_hosts() -> Path:
+    return Path.home() / ".ssh" / "known_hosts"
+
+
+def known_hosts_files(host: HostLike | None = None) -> list[Path]:
+    """The files checked for a host, in order: the host's own, the user's, umprov's."""
+    files: list[Path] = []
+    if host is not None and host.known_hosts:
+        files.append(Path(host.known_hosts).expanduser())
+    files += [user_known_hosts(), umprov_known_hosts()]
+    return files
+
+
+def host_pattern(address: str, port: int) -> str:
+    """The name a key is recorded under in known_hosts (as OpenSSH and paramiko look it up)."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def key_label(key: paramiko.PKey) -> str:
+    kind = key.get_name().removeprefix("ssh-").upper()
+    return f"{kind} {fingerprint(key)}"
+
+
+def load_known_hosts(files: Iterable[Path]) -> paramiko.HostKeys:
+    """One HostKeys holding the entries of every readable file (missing files are skipped)."""
+    import paramiko
+
+    keys = paramiko.HostKeys()
+    for path in files:
+        if path.is_file():
+            try:
+                keys.load(str(path))
+            except (OSError, paramiko.SSHException) as exc:
+                raise TrustError(f"cannot read known_hosts file {path}: {exc}") from None
+    return keys
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """How a server's key compares with what known_hosts holds for its name."""
+
+    state: str  # "known", "unknown" or "changed"
+    expected: list[paramiko.PKey]
+
+
+def check_key(known: paramiko.HostKeys, pattern: str, key: paramiko.PKey) -> KeyCheck:
+    entries = known.lookup(pattern)
+    if entries is None or len(entries) == 0:
+        return KeyCheck("unknown", [])
+    recorded = [entries[k] for k in entries.keys()]  # noqa: SIM118 (HostKeys' own mapping)
+    if any(r == key for r in recorded):
+        return KeyCheck("known", recorded)
+    return KeyCheck("changed", recorded)
+
+
+def files_holding(pattern: str, files: Iterable[Path]) -> list[Path]:
+    """The known_hosts files that have an entry for ``pattern``."""
+    found = []
+    for path in files:
+        if path.is_file() and load_known_hosts([path]).lookup(pattern):
+            found.append(path)
+    return found
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise read-modify-write of a known_hosts file across threads and processes."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock_path = path.with_name(f".{path.name}.lock")
+    with _file_lock, open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _entry(patterns: list[str], key: paramiko.PKey) -> str:
+    return f"{','.join(patterns)} {key.get_name()} {key.get_base64()}"
+
+
+def record_host_key(pattern: str, key: paramiko.PKey, path: Path | None = None) -> Path:
+    """Add a trusted key for a host never seen before (refuses to overwrite a different key)."""
+    path = path or umprov_known_hosts()
+    with _locked(path):
+        current = load_known_hosts([path])
+        check = check_key(current, pattern, key)
+        if check.state == "known":
+            return path
+        if check.state == "changed":
+            raise TrustError(
+                f"{path} already holds a different key for {pattern}; refusing to add another"
+            )
+        text = path.read_text() if path.exists() else ""
+        if text and not text.endswith("\n"):
+            text += "\n"
+        write_private(path, text + _entry([pattern], key) + "\n")
+    return path
+
+
+def pin_host_key(patterns: list[str], key_line: str, path: Path | None = None) -> Path:
+    """Pin a container's host key (read through a verified connection) under ``patterns``.
+
+    Entries for these patterns are replaced: the key came from the container itself over an
+    authenticated channel, so it is the truth, e.g. after the key volume was recreated.
+    """
+    import paramiko
+
+    path = path or umprov_known_hosts()
+    fields = key_line.split()
+    if len(fields) < 2:
+        raise UmprovError(f"not an SSH public key: {key_line[:40]!r}")
+    try:
+        key = paramiko.PKey.from_type_string(fields[0], base64.b64decode(fields[1]))
+    except (ValueError, paramiko.SSHException) as exc:
+        raise UmprovError(f"not an SSH public key ({exc})") from None
+    wanted = set(patterns)
+    with _locked(path):
+        kept = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                comment = not line or line.startswith("#")
+                names = [] if comment else line.split(" ", 1)[0].split(",")
+                if wanted.intersection(names):
+                    continue
+                kept.append(line)
+        kept.append(_entry(patterns, key))
+        write_private(path, "\n".join(kept) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Connecting
+
+
+def _unknown_message(pattern: str, key: paramiko.PKey, host_name: str) -> str:
+    return (
+        f"host key for {pattern} is not known ({key_label(key)}); run `umprov trust {host_name}` "
+        "to check and record it, or pass --trust-new-hosts"
+    )
+
+
+def _changed_message(pattern: str, key: paramiko.PKey, check: KeyCheck, files: list[Path]) -> str:
+    where = ", ".join(str(p) for p in files_holding(pattern, files)) or "known_hosts"
+    expected = ", ".join(key_label(k) for k in check.expected)
+    return (
+        f"HOST KEY CHANGED for {pattern}: it presents {key_label(key)} but {where} records "
+        f"{expected}; refusing to connect (possible man-in-the-middle). If the host was "
+        "reinstalled, remove the old entry and run `umprov trust` again"
+    )
+
+
+def _verifying_policy(
+    files: list[Path], host_name: str, trust_new: bool
+) -> paramiko.MissingHostKeyPolicy:
+    """A policy for keys paramiko did not find: refuse, or record when trust_new was asked."""
+    import paramiko
+
+    class _Policy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client: Any, hostname: str, key: paramiko.PKey) -> None:
+            if not trust_new:
+                raise TrustError(_unknown_message(hostname, key, host_name))
+            # First contact, explicitly asked for: record in umprov's own file.
+            record_host_key(hostname, key)
+
+    return _Policy()
+
+
+def _transport_factory() -> Any:
+    """paramiko's Transport preferring AES-GCM: an AEAD cipher needs no separate MAC pass, which
+    makes bulk transfers (image push) about a quarter faster; the rest of the list is unchanged,
+    so servers without GCM still negotiate as before."""
+    import paramiko
+
+    class _Transport(paramiko.Transport):
+        _preferred_ciphers = (
+            "aes128-gcm@openssh.com",
+            "aes256-gcm@openssh.com",
+            *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c),
+        )
+
+    return _Transport
+
+
+def connect(host: HostLike, *, trust_new: bool = False, timeout: float = CONNECT_TIMEOUT) -> Any:
+    """An authenticated paramiko.SSHClient to ``host`` whose host key has been verified."""
+    import paramiko
+
+    files = known_hosts_files(host)
+    client = paramiko.SSHClient()
+    known = load_known_hosts(files)
+    for name in known.keys():  # noqa: SIM118
+        for key_type, key in known[name].items():
+            client.get_host_keys().add(name, key_type, key)
+    client.set_missing_host_key_policy(_verifying_policy(files, host.name, trust_new))
+    pattern = host_pattern(host.address, host.port)
+    kwargs: dict[str, Any] = {
+        "hostname": host.address,
+        "port": host.port,
+        "username": host.user or getpass.getuser(),
+        "timeout": timeout,
+        "banner_timeout": timeout,
+        "auth_timeout": timeout,
+        "allow_agent": host.key_file is None,
+        "look_for_keys": host.key_file is None,
+        "transport_factory": _transport_factory(),
+    }
+    if host.key_file:
+        kwargs["key_filename"] = os.path.expanduser(host.key_file)
+    try:
+        client.connect(**kwargs)
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        check = check_key(known, pattern, exc.key)
+        raise TrustError(_changed_message(pattern, exc.key, check, files)) from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        raise AuthFailed(
+            f"{host.name}: SSH login as {kwargs['username']}@{pattern} refused ({exc})"
+        ) from None
+    except (TrustError, UmprovError):
+        client.close()
+        raise
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        client.close()
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise Unreachable(f"{host.name}: cannot reach {pattern} over SSH ({reason})") from None
+    transport = client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(30)
+    return client
+
+
+def scan_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) -> paramiko.PKey:
+    """The host key a server presents (no authentication; for `umprov trust` to show)."""
+    import paramiko
+
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout)
+    except OSError as exc:
+        raise Unreachable(f"cannot reach {host_pattern(address, port)}: {exc}") from None
+    transport = paramiko.Transport(sock)
+    try:
+        transport.start_client(timeout=timeout)
+        return transport.get_remote_server_key()
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise Unreachable(f"{host_pattern(address, port)} did not speak SSH: {exc}") from None
+    finally:
+        transport.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The docker SDK over a verified connection
+
+
+def _ssh_adapter_class() -> type:
+    """A docker SSHHTTPAdapter that uses an SSHClient we connected (and verified) ourselves."""
+    from docker.transport import sshconn
+    from docker.transport.basehttpadapter import BaseHTTPAdapter
+
+    constants = sshconn.constants
+    SSHHTTPAdapter = sshconn.SSHHTTPAdapter
+    RecentlyUsedContainer = sshconn.RecentlyUsedContainer
+
+    class VerifiedSSHAdapter(SSHHTTPAdapter):
+        def __init__(self, host: HostLike, trust_new: bool, timeout: float) -> None:
+            # Not SSHHTTPAdapter.__init__: it builds its own paramiko client from
+            # ~/.ssh/config and ~/.ssh/known_hosts only.
+            self._umprov_host = host
+            self._umprov_trust_new = trust_new
+            self.ssh_params = {}
+            self.ssh_host = host_pattern(host.address, host.port)
+            self.timeout = timeout
+            self.max_pool_size = constants.DEFAULT_MAX_POOL_SIZE
+            self.pools = RecentlyUsedContainer(
+                constants.DEFAULT_NUM_POOLS_SSH, dispose_func=lambda p: p.close()
+            )
+            BaseHTTPAdapter.__init__(self)
+            self.ssh_client = connect(host, trust_new=trust_new)
+
+        def _connect(self) -> None:
+            # Called by get_connection when the transport is gone: reconnect, verified again.
+            with contextlib.suppress(Exception):
+                self.ssh_client.close()
+            self.ssh_client = connect(self._umprov_host, trust_new=False)
+
+        def get_connection(self, url: Any, proxies: Any = None) -> Any:
+            transport = self.ssh_client.get_transport()
+            if transport is None or not transport.is_active():
+                with self.pools.lock:
+                    self.pools.clear()
+                self._connect()
+            return super().get_connection(url, proxies)
+
+    return VerifiedSSHAdapter
+
+
+def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 300.0) -> Any:
+    """A docker SDK client for the engine on ``host``, over SSH with a verified host key.
+
+    How: the SDK builds its ssh:// transport (SSHHTTPAdapter) from ~/.ssh/config and the user's
+    known_hosts only. We create the client in shell-out mode with a pinned API version, which
+    makes no connection at all, then mount our adapter, whose paramiko client was connected by
+    ``connect`` (RejectPolicy semantics, umprov's known_hosts files). Returns a
+    docker.DockerClient. Requests then run as the SDK
+    expects: each HTTP connection is an exec channel running ``docker system dial-stdio``.
+    """
+    import docker
+
+    client = docker.DockerClient(
+        base_url=f"ssh://{host.user or getpass.getuser()}@{host.address}:{host.port}",
+        use_ssh_client=True,  # no connection here; replaced below
+        version="1.41",
+        timeout=int(timeout),
+    )
+    adapter = _ssh_adapter_class()(host, trust_new, timeout)
+    api = client.api
+    api._custom_adapter = adapter
+    api.mount("http+docker://ssh", adapter)
+    try:
+        api._version = api._retrieve_server_version()
+    except docker.errors.DockerException as exc:
+        adapter.close()
+        raise EngineDown(f"{host.name}: Docker engine not answering ({_short(exc)})") from None
+    return client
+
+
+class EngineDown(UmprovError):
+    """SSH works, the Docker engine on the host does not answer."""
+
+    exit_code = ExitCode.HOSTS_FAILED
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def run_command(client: Any, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
+    """Run a command on an SSH connection; (exit status, stdout, stderr)."""
+    _stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode(errors="replace")
+    err = stderr.read().decode(errors="replace")
+    return stdout.channel.recv_exit_status(), out, err
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenSSH command lines that keep the same trust
+
+
+def openssh_options(files: Iterable[Path], *, key_file: str | None = None) -> list[str]:
+    """-o options making OpenSSH check keys against exactly umprov's files, never asking."""
+    known = " ".join(str(p) for p in files)
+    opts = [
+        "-o", f"UserKnownHostsFile={known}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "UpdateHostKeys=no",
+        "-o", "BatchMode=yes",
+    ]
+    if key_file:
+        opts += ["-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(key_file)]
+    return opts
