@@ -481,6 +481,7 @@ def render_inventory(name: str, hosts: list[LabHost], key_file: Path, known_host
             "umprov_known_hosts": str(known_hosts),
             "umprov_lab": True,
             "umprov_gpus": "none",
+            "umprov_image": lab_image_tag(),
             **lab_role_vars(name),
         },
     }
@@ -491,6 +492,13 @@ def render_inventory(name: str, hosts: list[LabHost], key_file: Path, known_host
         "# Lab hosts are containers on this machine; host keys are pinned in the known_hosts\n"
         "# file named below, so host key checking stays on.\n" + body
     )
+
+
+def lab_image_tag() -> str:
+    """The PyTorch image `umprov image build --lab` makes, which lab hosts run."""
+    from umprov.image import LAB_TAG
+
+    return LAB_TAG
 
 
 REPO_PORT = 8080

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,7 +36,12 @@ def host_status(host: Any, container_name: str | None, trust_new: bool) -> dict[
     try:
         _rc, out, _err = run_command(ssh, _HOST_PROBE, timeout=30)
         facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        row["driver"] = facts.get("driver") or None
+        driver = (facts.get("driver") or "").strip()
+        # nvidia-smi prints its failure ("couldn't communicate with the NVIDIA driver") on
+        # stdout: only a version number counts as a driver that answers.
+        row["driver"] = driver if re.fullmatch(r"\d+(\.\d+)+", driver) else None
+        if driver and row["driver"] is None:
+            row["driver_error"] = driver[:120]
         row["host_gpus"] = int(facts.get("gpus") or 0)
     finally:
         ssh.close()
