@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import stat
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +32,9 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _key() -> paramiko.PKey:
-    return paramiko.Ed25519Key.from_private_key_file(_write_key())
+    """A throwaway host key, made in memory (nothing left on disk)."""
+    import io
 
-
-def _write_key() -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -44,10 +42,7 @@ def _write_key() -> str:
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     )
-    fd, path = tempfile.mkstemp()
-    with open(fd, "wb") as fh:
-        fh.write(pem)
-    return path
+    return paramiko.Ed25519Key.from_private_key(io.StringIO(pem.decode()))
 
 
 def test_host_pattern_matches_openssh():
