@@ -1,0 +1,135 @@
+"""The agent on a real GPU host (run on the H200 machine: `pytest -m gpu tests/gpu`).
+
+Each test runs the agent the way users do, as a separate process, and reads its JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from umprov.verify import report
+from umprov.verify.agent import EXIT_FAIL, EXIT_PASS
+
+AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
+OUT = Path(os.environ.get("UMPROV_GPU_TEST_OUT", "")) if os.environ.get("UMPROV_GPU_TEST_OUT") else None
+
+pytestmark = pytest.mark.gpu
+
+
+def run_agent(tmp_path: Path, *args: str, env: dict | None = None, name: str = "report",
+              timeout: float = 300) -> tuple[int, dict, float]:
+    out = tmp_path / f"{name}.json"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(AGENT), "--json", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    wall = time.monotonic() - started
+    assert out.is_file(), proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert report.validate(doc) == [], report.validate(doc)
+    if OUT is not None:  # keep the reports of the device run
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{name}.json").write_text(out.read_text())
+    return proc.returncode, doc, wall
+
+
+def problems(doc: dict) -> list[str]:
+    return [f"{r['target']} {r['check']} {r['verdict']}: {r['measured']} {r['detail']}"
+            for r in doc["records"] if r["verdict"] in ("warn", "fail")]
+
+
+def by_check(doc: dict, check: str) -> list[dict]:
+    return [r for r in doc["records"] if r["check"] == check]
+
+
+def test_every_check_passes_on_a_healthy_host(tmp_path, gpu_count):
+    rc, doc, _wall = run_agent(tmp_path, "--expected-gpus", str(gpu_count), name="full")
+    assert doc["verdict"] == "pass", problems(doc)
+    assert rc == EXIT_PASS
+    checks = {r["check"] for r in doc["records"]}
+    for needed in ("host.gpu_count", "gpu.smoke_kernel", "gpu.gemm_fp32_exact",
+                   "gpu.gemm_bf16_checked", "gpu.hbm_copy", "pcie.h2d_pinned",
+                   "managed.roundtrip_exact", "managed.prefetch", "managed.read_mostly",
+                   "managed.preferred_host_accessed_by", "managed.concurrent_access",
+                   "alloc.cuda_malloc_async", "nccl.all_reduce_f32", "nccl.all_reduce_bf16",
+                   "nccl.all_gather", "nccl.reduce_scatter", "nccl.broadcast", "ddp.step"):
+        assert needed in checks, needed
+    # every GPU got its own per-GPU records, every pair its send/recv record
+    for i in range(gpu_count):
+        assert any(r["target"] == f"gpu{i}" and r["check"] == "managed.prefetch"
+                   for r in doc["records"])
+    pairs = by_check(doc, "nccl.send_recv")
+    assert len(pairs) == gpu_count * (gpu_count - 1) // 2
+    if gpu_count > 1:
+        assert by_check(doc, "nccl.busbw_1g")[0]["measured"] > 0
+
+
+def test_expected_gpu_count_above_the_real_one_fails(tmp_path, gpu_count):
+    rc, doc, _ = run_agent(tmp_path, "--quick", "--expected-gpus", str(gpu_count + 1),
+                           name="count")
+    assert rc == EXIT_FAIL
+    (rec,) = by_check(doc, "host.gpu_count")
+    assert rec["verdict"] == "fail"
+    assert rec["measured"] == gpu_count and rec["limit"] == gpu_count + 1
+    assert rec["hint"] == "reboot"
+    # and nothing else failed: the count is the one reason
+    assert [r["check"] for r in doc["records"] if r["verdict"] == "fail"] == ["host.gpu_count"]
+
+
+def test_a_profile_limit_above_the_measured_value_fails(tmp_path):
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"profile": "h200-sxm", "profiles": {"h200-sxm": {
+        "expect": {"hbm_copy_gbps": 1_000_000}}}}))
+    rc, doc, _ = run_agent(tmp_path, "--profile-file", str(prof), name="limit")
+    assert rc == EXIT_FAIL
+    fails = [r for r in doc["records"] if r["verdict"] == "fail"]
+    assert fails and {r["check"] for r in fails} == {"gpu.hbm_copy"}, problems(doc)
+    for r in fails:
+        assert r["expected"] == 1_000_000 and r["limit"] == pytest.approx(850_000)
+        assert r["measured"] < r["limit"]
+
+
+def test_a_hung_child_is_killed_at_its_timeout(tmp_path):
+    started = time.monotonic()
+    rc, doc, wall = run_agent(tmp_path, "--quick", "--timeout", "20",
+                              env={"UMPROV_VERIFY_TEST_HANG": "gpu0:gpu.gemm_bf16_rate"},
+                              name="hang")
+    assert rc == EXIT_FAIL
+    timeouts = [r for r in doc["records"] if r["reason"] == "timeout"]
+    assert len(timeouts) == 1, timeouts
+    (rec,) = timeouts
+    assert rec["target"] == "gpu0" and rec["check"] == "gpu.gemm_bf16_rate"
+    assert rec["verdict"] == "fail" and "timeout" in rec["detail"]
+    # the checks gpu0 finished before the hang are still there; the other GPUs are unaffected
+    assert any(r["target"] == "gpu0" and r["check"] == "gpu.gemm_fp32_exact"
+               and r["verdict"] == "pass" for r in doc["records"])
+    assert wall < 20 + 25, wall
+    assert time.monotonic() - started < 60
+
+
+def test_one_gpu_still_initialises_nccl(tmp_path):
+    rc, doc, _ = run_agent(tmp_path, "--quick", env={"CUDA_VISIBLE_DEVICES": "0"}, name="one")
+    (init,) = by_check(doc, "nccl.init")
+    assert init["verdict"] == "pass" and "one rank" in init["detail"]
+    (bw,) = by_check(doc, "nccl.busbw_1g")
+    assert bw["verdict"] == "skip" and "one rank" in bw["detail"]
+    assert by_check(doc, "nccl.send_recv") == []
+    assert rc == EXIT_PASS, problems(doc)
+
+
+def test_cli_local_quick(umprov_cli, tmp_path):
+    junit, prom = tmp_path / "v.xml", tmp_path / "prom"
+    result = umprov_cli("verify", "--local", "--quick", "--python", sys.executable, "--json",
+                        "--junit", str(junit), "--prometheus", str(prom))
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0, result.stderr[-3000:]
+    assert doc["verdict"] == "pass" and doc["hosts"][0]["mode"] == "quick"
+    assert 'failures="0"' in junit.read_text()
+    assert "umprov_verify_host_verdict" in (prom / "umprov_verify.prom").read_text()

@@ -1,0 +1,207 @@
+"""The agent on a machine without a GPU: honest failures, child processes and their deadlines.
+
+The agent runs as users run it (a separate process). Stand-in torch packages under
+verify_fakes/ play a CPU-only build, a CUDA build without a driver and a broken install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from umprov.verify import report
+from umprov.verify.agent import (
+    BUILTIN_PROFILES,
+    EXIT_FAIL,
+    EXIT_USAGE,
+    MULTICAST_OFF,
+    child_env,
+    guess_gpu_count,
+    no_gpu_reasons,
+    pair_records,
+)
+
+AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
+FAKES = Path(__file__).resolve().parent / "verify_fakes"
+
+
+def run_agent(tmp_path: Path, *args: str, fake: str | None = None,
+              env: dict | None = None, python: str = sys.executable) -> tuple[int, dict, str]:
+    out = tmp_path / "report.json"
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if fake:
+        full_env["PYTHONPATH"] = str(FAKES / fake)
+    full_env.update(env or {})
+    proc = subprocess.run([python, str(AGENT), "--json", str(out), *args], capture_output=True,
+                          text=True, timeout=120, env=full_env)
+    doc = json.loads(out.read_text()) if out.is_file() else {}
+    return proc.returncode, doc, proc.stderr
+
+
+def gpu_visible(doc: dict) -> dict:
+    (rec,) = [r for r in doc["records"] if r["check"] == "host.gpu_visible"]
+    return rec
+
+
+def test_no_torch_is_an_honest_failure(tmp_path):
+    if sys.modules.get("torch") or __import__("importlib.util").util.find_spec("torch"):
+        pytest.skip("this Python has torch; the no-torch case needs one without")
+    rc, doc, err = run_agent(tmp_path, "--expected-gpus", "8")
+    assert rc == EXIT_FAIL
+    assert report.validate(doc) == []
+    rec = gpu_visible(doc)
+    assert rec["verdict"] == "fail" and rec["measured"] == 0
+    assert rec["detail"].startswith("no NVIDIA GPU visible: ")
+    assert "cannot import torch" in rec["detail"]
+    count = [r for r in doc["records"] if r["check"] == "host.gpu_count"]
+    assert count[0]["verdict"] == "fail" and count[0]["limit"] == 8
+    assert "FAIL" in err and "no NVIDIA GPU visible" in err
+
+
+def test_a_cpu_only_torch_is_named(tmp_path):
+    rc, doc, _ = run_agent(tmp_path, fake="cpu_torch")
+    assert rc == EXIT_FAIL and doc["verdict"] == "fail"
+    detail = gpu_visible(doc)["detail"]
+    assert "torch 2.99.0+cpu is a CPU-only build" in detail
+    assert doc["records"] == [gpu_visible(doc)]  # nothing pretends to have passed
+
+
+def test_the_cuda_error_text_is_reported(tmp_path):
+    rc, doc, _ = run_agent(tmp_path, "--quick", fake="nodriver_torch")
+    assert rc == EXIT_FAIL
+    detail = gpu_visible(doc)["detail"]
+    assert "CUDA error: Found no NVIDIA driver on your system" in detail
+    assert doc["mode"] == "quick"
+
+
+def test_a_crashing_child_is_a_failure_with_its_last_words(tmp_path):
+    rc, doc, _ = run_agent(tmp_path, fake="broken_torch")
+    assert rc == EXIT_FAIL
+    (rec,) = [r for r in doc["records"] if r["verdict"] == "fail"]
+    assert rec["check"] == "host.discover" and rec["reason"] == "crash"
+    assert "libtorch_cuda.so" in rec["detail"]
+
+
+def test_a_hung_child_is_killed_at_its_deadline(tmp_path):
+    started = time.monotonic()
+    rc, doc, _ = run_agent(tmp_path, "--timeout", "3", fake="cpu_torch",
+                           env={"UMPROV_VERIFY_TEST_HANG": "discover"})
+    elapsed = time.monotonic() - started
+    assert rc == EXIT_FAIL
+    (rec,) = doc["records"]
+    assert rec["reason"] == "timeout" and rec["check"] == "host.discover"
+    assert rec["verdict"] == "fail" and rec["hint"] == "reset"
+    assert "timeout" in rec["detail"] and "killed" in rec["detail"]
+    assert 3 <= elapsed < 20
+
+
+def test_a_bad_profile_file_is_a_usage_error(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"profiles": {"h200-sxm": {"expect": {"nope": 1}}}}))
+    rc, doc, err = run_agent(tmp_path, "--profile-file", str(bad))
+    assert rc == EXIT_USAGE and doc == {}
+    assert "unknown expect key 'nope'" in err
+
+
+def test_json_to_stdout_and_list_profiles():
+    proc = subprocess.run([sys.executable, str(AGENT), "--json", "-", "--quiet"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(FAKES / "cpu_torch")})
+    assert json.loads(proc.stdout)["schema_version"] == 1 and proc.stderr == ""
+    listed = subprocess.run([sys.executable, str(AGENT), "--list-profiles"], capture_output=True,
+                            text=True, timeout=60)
+    assert set(json.loads(listed.stdout)) == set(BUILTIN_PROFILES)
+
+
+def test_the_agent_copied_alone_still_runs(tmp_path):
+    lone = tmp_path / "elsewhere" / "agent.py"
+    lone.parent.mkdir()
+    lone.write_bytes(AGENT.read_bytes())
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, str(lone), "--json", str(out), "--quiet"], timeout=60,
+                   env={"PATH": os.environ["PATH"], "PYTHONPATH": str(FAKES / "cpu_torch")},
+                   cwd=tmp_path, check=False)
+    assert report.validate(json.loads(out.read_text())) == []
+
+
+def test_children_keep_nvlink_multicast_off(monkeypatch):
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "1")
+    env = child_env({"EXTRA": "1"}, threads=4)
+    for key, value in MULTICAST_OFF.items():
+        assert env[key] == value
+    assert env["OMP_NUM_THREADS"] == "4" and env["EXTRA"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "cvd", "guess"),
+    [(8, None, 8), (8, "0,1", 2), (2, "0,1,2,3", 2), (0, None, None), (8, "", None),
+     (8, "MIG-abc", None)],
+)
+def test_gpu_count_guess(monkeypatch, nodes, cvd, guess):
+    if cvd is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    pre = {"device_nodes": [f"/dev/nvidia{i}" for i in range(nodes)]}
+    assert guess_gpu_count(pre) == guess
+
+
+def test_no_gpu_reasons_name_each_missing_piece():
+    pre = {"torch_importable": True, "kernel_module": "NVRM version: 580.1", "libcuda": None,
+           "device_nodes": [], "nvidia_uvm": False, "cuda_visible_devices": "-1"}
+    reasons = " | ".join(no_gpu_reasons(pre, {"torch": "2.9", "torch_cuda_build": "12.8",
+                                              "cuda_error": "CUDA driver initialization failed"}))
+    for part in ("libcuda.so.1 not loadable", "no device", "no /dev/nvidia-uvm",
+                 "CUDA error: CUDA driver initialization failed",
+                 "CUDA_VISIBLE_DEVICES='-1' hides every GPU"):
+        assert part in reasons
+
+
+def _torch_python() -> str | None:
+    cand = os.environ.get("UMPROV_TEST_TORCH_PYTHON")
+    if cand:
+        return cand
+    import importlib.util
+
+    return sys.executable if importlib.util.find_spec("torch") else None
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_collective_checks_on_cpu_with_gloo(tmp_path, world):
+    """The NCCL rank code, run over gloo on the CPU (needs a torch: UMPROV_TEST_TORCH_PYTHON)."""
+    python = _torch_python()
+    if python is None:
+        pytest.skip("no Python with torch (set UMPROV_TEST_TORCH_PYTHON to run this)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gate = tmp_path / "gate"
+    gate.touch()
+    opts = tmp_path / "opts.json"
+    opts.write_text(json.dumps({"quick": False, "timeout": 60, "profiles": BUILTIN_PROFILES,
+                                "forced": None, "world": world, "port": port,
+                                "nccl_backend": "gloo", "gate": str(gate)}))
+    procs = [subprocess.Popen([python, str(AGENT), "--child", "nccl", "--child-opts", str(opts),
+                               "--rank", str(r), "--child-out", str(tmp_path / f"r{r}.jsonl")])
+             for r in range(world)]
+    assert [p.wait(timeout=180) for p in procs] == [0] * world
+    events = [json.loads(ln) for r in range(world)
+              for ln in (tmp_path / f"r{r}.jsonl").read_text().splitlines()]
+    records = {e["record"]["check"]: e["record"] for e in events if e["ev"] == "record"}
+    for check in ("nccl.init", "nccl.all_reduce_f32", "nccl.all_reduce_bf16", "nccl.all_gather",
+                  "nccl.reduce_scatter", "nccl.broadcast", "ddp.step"):
+        assert records[check]["verdict"] == "pass", records[check]
+    pairs = pair_records([e for e in events if e["ev"] == "pair"], BUILTIN_PROFILES["generic"],
+                         world)
+    assert len(pairs) == world * (world - 1) // 2
+    if world == 1:
+        assert "one rank" in records["nccl.init"]["detail"]
+        assert records["nccl.busbw_1g"]["verdict"] == "skip"

@@ -1,0 +1,207 @@
+"""`umprov verify` in-process (CliRunner), and the remote runner against a stand-in container."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from umprov.verify import remote, report
+
+FAKES = Path(__file__).resolve().parent / "verify_fakes"
+
+
+def test_verify_help_lists_the_options(umprov_cli):
+    result = umprov_cli("verify", "--help")
+    assert result.exit_code == 0
+    for opt in ("--local", "--quick", "--json", "--junit", "--prometheus", "--profile-file",
+                "--expected-gpus", "--timeout", "--image"):
+        assert opt in result.stdout
+
+
+def test_local_without_gpu_fails_honestly_and_writes_every_report(umprov_cli, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(FAKES / "cpu_torch"))
+    junit, prom = tmp_path / "v.xml", tmp_path / "prom"
+    result = umprov_cli("verify", "--local", "--json", "--junit", str(junit),
+                        "--prometheus", str(prom), "--expected-gpus", "2")
+    assert result.exit_code == 13, result.stderr
+    run = json.loads(result.stdout)
+    assert run["schema"] == "umprov.verify.run" and run["verdict"] == "fail"
+    (doc,) = run["hosts"]
+    assert report.validate(doc) == []
+    details = " ".join(r["detail"] for r in doc["records"])
+    assert "no NVIDIA GPU visible" in details and "CPU-only build" in details
+    assert "no NVIDIA GPU visible" in result.stderr  # the table / the long-detail line
+    root = ET.parse(junit).getroot()  # noqa: S314
+    assert root.get("failures") == "2"
+    assert "umprov_verify_host_verdict" in (prom / "umprov_verify.prom").read_text()
+
+
+def test_local_with_a_python_without_torch_says_how_to_fix_it(umprov_cli, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    import importlib.util
+
+    if importlib.util.find_spec("torch"):
+        pytest.skip("this Python has torch")
+    result = umprov_cli("verify", "--local", "--json")
+    assert result.exit_code == 13
+    (doc,) = json.loads(result.stdout)["hosts"]
+    assert "pass --python" in doc["records"][0]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--local", "inventory.yml"], "INVENTORY or --local, not both"),
+        (["--local", "--image", "x"], "--image runs the agent in containers"),
+        (["--python", "python3"], "--python applies to --local only"),
+        (["--local", "--profile", "h300"], "profile 'h300' does not exist"),
+    ],
+)
+def test_bad_option_combinations_are_config_errors(umprov_cli, args, message):
+    result = umprov_cli("verify", *args)
+    assert result.exit_code == 4, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_profile_file_is_one_line(umprov_cli, tmp_path):
+    bad = tmp_path / "p.yml"
+    bad.write_text("profiles:\n  h200-sxm:\n    expect: {hbm: 1}\n")
+    result = umprov_cli("verify", "--local", "--profile-file", str(bad))
+    assert result.exit_code == 4
+    assert "unknown expect key 'hbm'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_timeout_must_be_positive(umprov_cli):
+    assert umprov_cli("verify", "--local", "--timeout", "0").exit_code == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The remote runner, against a stand-in for a docker SDK container that runs commands here.
+
+
+class LocalContainer:
+    """Implements exec_run/put_archive/get_archive on this machine's file system."""
+
+    name = "umprov"
+    status = "running"
+
+    def __init__(self, env: dict | None = None) -> None:
+        self.env = env
+        self.commands: list[list[str]] = []
+
+    def exec_run(self, cmd, demux=False):
+        self.commands.append(cmd)
+        proc = subprocess.run(cmd, capture_output=True, env=self.env, timeout=120, check=False)
+        return SimpleNamespace(exit_code=proc.returncode, output=proc.stdout + proc.stderr)
+
+    def put_archive(self, path, data):
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(path, filter="data")
+        return True
+
+    def get_archive(self, path):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(path, arcname=Path(path).name)
+        return iter([buf.getvalue()]), {}
+
+
+def test_run_agent_in_container_round_trip(monkeypatch):
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(FAKES / "cpu_torch")}
+    box = LocalContainer(env)
+    doc = remote.run_agent_in_container(
+        SimpleNamespace(), box, args=["--quick", "--expected-gpus", "4"], timeout=120,
+        profile={"profile": "h200-sxm"}, host="gpu-7")
+    assert report.validate(doc) == []
+    assert doc["host"] == "gpu-7" and doc["mode"] == "quick" and doc["verdict"] == "fail"
+    assert "CPU-only build" in doc["records"][0]["detail"]
+    script = box.commands[1][2]
+    assert "--profile-file" in script and "--expected-gpus 4" in script
+    assert box.commands[-1][:2] == ["rm", "-rf"]  # the agent's folder is cleaned up
+    assert not Path(box.commands[-1][2]).exists()
+
+
+def test_run_agent_in_container_without_a_report():
+    class NoPython(LocalContainer):
+        def exec_run(self, cmd, demux=False):
+            if cmd[0] == "sh":
+                return SimpleNamespace(exit_code=98, output=b"no python in the container\n")
+            return super().exec_run(cmd, demux)
+
+    doc = remote.run_agent_in_container(SimpleNamespace(), NoPython(), timeout=30, host="h")
+    assert doc["verdict"] == "fail" and "no python3" in doc["records"][0]["detail"]
+
+
+def test_verify_hosts_reports_each_host_even_when_it_fails(monkeypatch):
+    import umprov.ssh
+    from umprov.errors import UmprovError
+
+    class Missing(Exception):
+        pass
+
+    def fake_client(host, trust_new=False):
+        if host.name == "down":
+            raise UmprovError("down: connection refused")
+        containers = SimpleNamespace(get=lambda name: (_ for _ in ()).throw(Missing(name)))
+        return SimpleNamespace(containers=containers, close=lambda: None)
+
+    monkeypatch.setattr(umprov.ssh, "docker_client", fake_client)
+    hosts = [SimpleNamespace(name="down", vars={}),
+             SimpleNamespace(name="bare", vars={"umprov_container_name": "mine"})]
+    seen: list[tuple[str, str]] = []
+    docs = remote.verify_hosts(hosts, remote.VerifyOptions(quick=True),
+                               progress=lambda h, m: seen.append((h, m)))
+    assert [d["host"] for d in docs] == ["down", "bare"]
+    assert all(report.validate(d) == [] and d["verdict"] == "fail" for d in docs)
+    assert "connection refused" in docs[0]["records"][0]["detail"]
+    assert "no container 'mine'" in docs[1]["records"][0]["detail"]
+    assert ("down", "connecting") in seen
+
+
+def test_agent_args_take_host_variables():
+    opts = remote.VerifyOptions(quick=True, timeout=30)
+    args = opts.agent_args({"umprov_expected_gpus": 8, "umprov_gpu_profile": "h100-sxm"})
+    assert args == ["--timeout", "30", "--quick", "--expected-gpus", "8", "--profile",
+                    "h100-sxm"]
+    cli_wins = remote.VerifyOptions(expected_gpus=4).agent_args({"umprov_expected_gpus": 8})
+    assert cli_wins[cli_wins.index("--expected-gpus") + 1] == "4"
+
+
+def test_inventory_path_runs_every_host(umprov_cli, monkeypatch, tmp_path):
+    import umprov.inventory
+    import umprov.verify.remote as rem
+
+    hosts = [SimpleNamespace(name=f"gpu-{i}", vars={}) for i in range(3)]
+    monkeypatch.setattr(umprov.inventory, "load_inventory",
+                        lambda source: SimpleNamespace(select=lambda limit: hosts))
+    got = {}
+
+    def fake_verify(hs, opts, progress):
+        got["opts"] = opts
+        return [report.failed_host_report(h.name, "agent.connect", "unreachable") if h.name ==
+                "gpu-1" else _passing(h.name) for h in hs]
+
+    monkeypatch.setattr(rem, "verify_hosts", fake_verify)
+    result = umprov_cli("verify", "hosts.yml", "--quick", "--json", "--expected-gpus", "8")
+    assert result.exit_code == 13
+    run = json.loads(result.stdout)
+    assert [d["host"] for d in run["hosts"]] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert got["opts"].quick and got["opts"].expected_gpus == 8
+
+
+def _passing(host: str) -> dict:
+    doc = report.failed_host_report(host, "x", "")
+    doc["records"][0].update(verdict="pass", hint=None, reason=None)
+    doc.update(verdict="pass", exit_code=0, summary={"pass": 1, "warn": 0, "fail": 0, "skip": 0})
+    return doc

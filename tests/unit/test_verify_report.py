@@ -1,0 +1,158 @@
+"""The report: JSON schema validation, terminal rows, JUnit XML and the Prometheus textfile."""
+
+from __future__ import annotations
+
+import copy
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from umprov.verify import report
+from umprov.verify.agent import SCHEMA_VERSION, record, worst
+
+
+def host_doc(host: str = "gpu-1", records: list[dict] | None = None) -> dict:
+    records = records if records is not None else [
+        record("host", "host", "host.gpu_count", "pass", measured=8, unit="GPUs", limit=8),
+        record("gpu", "gpu0", "gpu.hbm_copy", "warn", measured=3500.0, unit="GB/s",
+               limit=3629.5, expected=4270, hint="reset", detail='below "limit"'),
+        record("pair", "gpu0-gpu1", "nccl.send_recv", "fail", measured=120.0, unit="GB/s",
+               limit=297.5, hint="reseat", detail="slow link"),
+        record("gpu", "gpu1", "gpu.gemm_bf16_rate", "fail", hint="reset", reason="timeout",
+               detail="timeout: no result within 20 s"),
+        record("host", "host", "host.fabric_manager", "skip", detail="no NVSwitch seen"),
+    ]
+    summary = dict.fromkeys(("pass", "warn", "fail", "skip"), 0)
+    for r in records:
+        summary[r["verdict"]] += 1
+    verdict = worst(r["verdict"] for r in records)
+    return {
+        "schema": "umprov.verify.host", "schema_version": SCHEMA_VERSION,
+        "agent_version": "0.1.0", "host": host, "started": "2026-11-30T12:00:00Z",
+        "wall_s": 12.5, "mode": "full", "verdict": verdict,
+        "exit_code": int(report.exit_code(verdict)), "profile": "h200-sxm",
+        "summary": summary, "facts": {}, "records": records,
+    }
+
+
+def test_a_well_formed_document_validates():
+    doc = host_doc()
+    assert doc["verdict"] == "fail"
+    assert report.validate(doc) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "problem"),
+    [
+        (lambda d: d.pop("records"), "missing field records"),
+        (lambda d: d.update(schema_version=2), "schema_version 2 is not 1"),
+        (lambda d: d.update(schema="other"), "schema is 'other'"),
+        (lambda d: d.update(verdict="pass"), "verdict does not match"),
+        (lambda d: d.update(verdict="great"), "verdict 'great'"),
+        (lambda d: d["records"][0].update(verdict="ok"), "records[0]: verdict 'ok'"),
+        (lambda d: d["records"][1].update(hint="pray"), "records[1]: hint 'pray'"),
+        (lambda d: d["records"][2].pop("limit"), "records[2]: missing field limit"),
+        (lambda d: d["records"][0].update(scope="rack"), "scope 'rack'"),
+        (lambda d: d.update(wall_s="fast"), "field wall_s has type str"),
+    ],
+)
+def test_schema_violations_are_named(mutate, problem):
+    doc = copy.deepcopy(host_doc())
+    mutate(doc)
+    assert any(problem in p for p in report.validate(doc)), report.validate(doc)
+
+
+def test_checked_turns_an_invalid_report_into_a_failing_one():
+    doc = report.checked({"schema": "nonsense"}, "gpu-9")
+    assert report.validate(doc) == []
+    assert doc["verdict"] == "fail" and doc["host"] == "gpu-9"
+    assert "not valid" in doc["records"][0]["detail"]
+
+
+def test_failed_host_report_is_valid_and_fails():
+    doc = report.failed_host_report("gpu-2", "agent.connect", "host unreachable")
+    assert report.validate(doc) == []
+    assert doc["exit_code"] == 13 and doc["records"][0]["check"] == "agent.connect"
+
+
+def test_run_document_verdict_and_exit_code():
+    ok = host_doc("a", [record("host", "host", "x", "pass")])
+    warn = host_doc("b", [record("host", "host", "x", "warn", hint="config")])
+    assert report.run_document([ok], 1.0)["exit_code"] == 0
+    assert report.run_document([ok, warn], 1.0)["exit_code"] == 12
+    assert report.run_document([ok, warn, host_doc()], 1.0)["exit_code"] == 13
+    assert report.run_document([], 1.0)["verdict"] == "fail"
+
+
+def test_table_rows_show_measured_limit_and_verdict():
+    rows = report.table_rows([host_doc()])
+    hbm = next(r for r in rows if r[2] == "gpu.hbm_copy")
+    assert hbm[:7] == ["gpu-1", "gpu0", "gpu.hbm_copy", "3500 GB/s", "3630", "WARN", "reset"]
+    problems = report.table_rows([host_doc()], all_rows=False)
+    assert {r[5] for r in problems} == {"WARN", "FAIL"}
+
+
+def test_junit_counts_and_elements():
+    xml = report.to_junit([host_doc("a"), host_doc("b")])
+    root = ET.fromstring(xml)  # noqa: S314 (our own output)
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("errors"),
+            root.get("skipped")) == ("10", "2", "2", "2")
+    suite = root.find("testsuite")
+    assert suite.get("name") == "umprov.verify.a" and suite.get("tests") == "5"
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["nccl.send_recv"].find("failure") is not None
+    assert cases["nccl.send_recv"].get("classname") == "a.gpu0-gpu1"
+    timeout = cases["gpu.gemm_bf16_rate"].find("error")
+    assert timeout is not None and timeout.get("type") == "timeout"
+    assert cases["host.fabric_manager"].find("skipped") is not None
+    assert cases["gpu.hbm_copy"].find("system-out").text.startswith("WARN")
+    assert cases["host.gpu_count"].find("failure") is None
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["schema_version"] == "1" and props["profile"] == "h200-sxm"
+
+
+SAMPLE = re.compile(r'^[a-z_]+\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\} -?[0-9.e+-]+$')
+
+
+def test_prometheus_textfile_format():
+    text = report.to_prometheus([host_doc()], now=1700000000.0)
+    assert text.endswith("\n")
+    lines = text.splitlines()
+    names = set()
+    for line in lines:
+        if line.startswith("# HELP "):
+            names.add(line.split()[2])
+        elif line.startswith("# TYPE "):
+            assert line.endswith(" gauge")
+        else:
+            assert SAMPLE.match(line), line
+    assert len(names) == len([ln for ln in lines if ln.startswith("# TYPE ")])
+    assert 'umprov_verify_host_verdict{host="gpu-1",profile="h200-sxm",mode="full"} 2' in lines
+    assert ('umprov_verify_measured{host="gpu-1",target="gpu0",check="gpu.hbm_copy",'
+            'unit="GB/s"} 3500') in lines
+    assert 'umprov_verify_checks{host="gpu-1",verdict="fail"} 2' in lines
+    assert "umprov_verify_last_run_timestamp_seconds{host=\"gpu-1\"} 1.7e+09" in lines
+
+
+def test_prometheus_escapes_label_values():
+    doc = host_doc('we"ird\\host\nx', [record("host", "host", "x", "pass")])
+    text = report.to_prometheus([doc])
+    assert 'host="we\\"ird\\\\host\\nx"' in text
+    assert all(SAMPLE.match(ln) for ln in text.splitlines() if not ln.startswith("#"))
+
+
+def test_prometheus_file_is_written_atomically(tmp_path):
+    path = report.write_prometheus(tmp_path / "textfile", [host_doc()])
+    assert path.name == "umprov_verify.prom"
+    assert path.read_text().startswith("# HELP")
+    assert [p.name for p in path.parent.iterdir()] == ["umprov_verify.prom"]  # no temp file left
+    report.write_prometheus(tmp_path / "textfile", [host_doc("other")])
+    assert 'host="other"' in path.read_text() and 'host="gpu-1"' not in path.read_text()
+
+
+def test_junit_file(tmp_path):
+    path = tmp_path / "out" / "verify.xml"
+    report.write_junit(path, [host_doc()])
+    assert ET.parse(path).getroot().get("failures") == "1"  # noqa: S314

@@ -1,0 +1,174 @@
+"""`umprov verify`: managed-memory, NCCL and health checks on every GPU, with reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from umprov.cli._common import emit_json, inventory_argument, json_option, say
+
+
+@click.command()
+@inventory_argument
+@click.option("--local", is_flag=True, help="Verify this machine (runs the agent here).")
+@click.option("--quick", is_flag=True, help="The fast subset: seconds, no bandwidth verdicts.")
+@click.option("--limit", "-l", metavar="PATTERN", help="Only hosts or groups matching.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write a JUnit XML report.")
+@click.option("--prometheus", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Also write DIR/umprov_verify.prom for node_exporter's textfile collector.")
+@click.option("--profile-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              metavar="F", help="Profile overrides (YAML): expected figures, ratios, limits.")
+@click.option("--profile", "profile_name", metavar="NAME",
+              help="Judge with this profile instead of detecting it from the GPU name.")
+@click.option("--expected-gpus", type=click.IntRange(min=0), metavar="N",
+              help="GPUs each host must have (default: the host's umprov_expected_gpus).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              metavar="S", help="Deadline of each test process; a hung GPU fails at it.")
+@click.option("--image", metavar="IMAGE",
+              help="Run the agent in a fresh container of IMAGE instead of the deployed one.")
+@click.option("--python", "python", metavar="PATH",
+              help="With --local: the Python that has torch (default: this one).")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Record the host keys of hosts never seen before (first contact only).")
+@click.option("--all-rows/--problems-only", default=True, show_default=True,
+              help="Table rows for every check, or only warnings and failures.")
+@json_option
+def verify(
+    inventory: str | None,
+    local: bool,
+    quick: bool,
+    limit: str | None,
+    junit: Path | None,
+    prometheus: Path | None,
+    profile_file: Path | None,
+    profile_name: str | None,
+    expected_gpus: int | None,
+    timeout: float,
+    image: str | None,
+    python: str | None,
+    trust_new_hosts: bool,
+    all_rows: bool,
+    as_json: bool,
+) -> int:
+    """Prove every GPU healthy: health, GEMM, bandwidth, managed memory, NCCL.
+
+    Exit code 0 when every check passes, 12 with warnings only, 13 with a failing check
+    (no GPU visible is a failure, never a pass).
+
+    \b
+    umprov verify --local                       this machine
+    umprov verify inventory/hosts.yml --quick   every host's deployed container, in parallel
+    umprov verify hosts --image nvcr.io/nvidia/pytorch:25.01-py3 --junit verify.xml
+    umprov verify hosts --prometheus /var/lib/node_exporter/textfile
+    """
+    from umprov.errors import ConfigError
+    from umprov.verify import report
+    from umprov.verify.profiles import load_overrides, resolve
+
+    if local and inventory:
+        raise ConfigError("give an INVENTORY or --local, not both")
+    if local and image:
+        raise ConfigError("--image runs the agent in containers on inventory hosts, not --local")
+    if python and not local:
+        raise ConfigError("--python applies to --local only")
+    overrides = load_overrides(profile_file) if profile_file else {}
+    if profile_name:
+        known = resolve(overrides)
+        if profile_name not in known:
+            raise ConfigError(f"profile {profile_name!r} does not exist "
+                              f"(known: {', '.join(sorted(known))})")
+        overrides = {**overrides, "profile": profile_name}
+    started = time.monotonic()
+    if local:
+        docs = [run_local(quick=quick, timeout=timeout, expected_gpus=expected_gpus,
+                          overrides=overrides, python=python)]
+    else:
+        docs = run_inventory(inventory, limit=limit, quick=quick, timeout=timeout,
+                             expected_gpus=expected_gpus, overrides=overrides, image=image,
+                             trust_new=trust_new_hosts)
+    elapsed = time.monotonic() - started
+    if junit:
+        report.write_junit(junit, docs)
+    if prometheus:
+        report.write_prometheus(prometheus, docs)
+    run_doc = report.run_document(docs, elapsed)
+    if as_json:
+        emit_json(run_doc)
+    report.print_report(docs, all_rows=all_rows)
+    for target, what in ((junit, "JUnit"), (prometheus, "Prometheus")):
+        if target:
+            say(f"{what} report: {target}")
+    return int(report.exit_code(run_doc["verdict"]))
+
+
+def _agent_args(quick: bool, timeout: float, expected_gpus: int | None) -> list[str]:
+    args = ["--timeout", str(timeout)]
+    if quick:
+        args.append("--quick")
+    if expected_gpus is not None:
+        args += ["--expected-gpus", str(expected_gpus)]
+    return args
+
+
+def run_local(*, quick: bool, timeout: float, expected_gpus: int | None,
+              overrides: dict[str, Any], python: str | None = None) -> dict:
+    """Run agent.py here as a subprocess of ``python`` and return its checked report."""
+    import socket
+
+    from umprov.verify.remote import AGENT_PATH, VerifyOptions
+    from umprov.verify.report import checked, failed_host_report
+
+    interpreter = python or sys.executable
+    host = socket.gethostname()
+    with tempfile.TemporaryDirectory(prefix="umprov-verify-") as tmp:
+        out = Path(tmp) / "report.json"
+        argv = [interpreter, str(AGENT_PATH), "--quiet", "--json", str(out),
+                *_agent_args(quick, timeout, expected_gpus)]
+        if overrides:
+            prof = Path(tmp) / "profile.json"
+            prof.write_text(json.dumps(overrides))
+            argv += ["--profile-file", str(prof)]
+        deadline = VerifyOptions(timeout=timeout).overall_timeout()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True,  # noqa: S603
+                                  timeout=deadline, env=os.environ.copy())
+        except FileNotFoundError:
+            return failed_host_report(host, "agent.run", f"python not found: {interpreter}",
+                                      hint="config")
+        except subprocess.TimeoutExpired:
+            return failed_host_report(host, "agent.run", f"the agent did not finish within "
+                                      f"{deadline:.0f} s", hint="reset", reason="timeout")
+        if not out.is_file():
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            return failed_host_report(host, "agent.run", f"the agent exited with code "
+                                      f"{proc.returncode} and wrote no report: {tail[:300]}")
+        doc = json.loads(out.read_text())
+    doc = checked(doc, host)
+    if python is None and any("cannot import torch" in r["detail"] for r in doc["records"]):
+        for r in doc["records"]:
+            if r["check"] == "host.gpu_visible":
+                r["detail"] += " (pass --python with the interpreter that has torch)"
+    return doc
+
+
+def run_inventory(inventory: str | None, *, limit: str | None, quick: bool, timeout: float,
+                  expected_gpus: int | None, overrides: dict[str, Any], image: str | None,
+                  trust_new: bool) -> list[dict]:
+    from umprov.cli.deploy import LiveProgress
+    from umprov.inventory import load_inventory
+    from umprov.verify.remote import VerifyOptions, verify_hosts
+
+    hosts = list(load_inventory(inventory).select(limit))
+    opts = VerifyOptions(quick=quick, timeout=timeout, expected_gpus=expected_gpus, image=image,
+                         profile=overrides or None, trust_new=trust_new)
+    with LiveProgress([h.name for h in hosts]) as progress:
+        return verify_hosts(hosts, opts, progress=progress)

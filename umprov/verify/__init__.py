@@ -1,0 +1,1 @@
+"""GPU verification: the agent (runs on GPU hosts), profiles, reports, remote execution."""

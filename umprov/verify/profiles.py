@@ -1,0 +1,101 @@
+"""Per-model verification profiles: expected figures and the pass/warn ratios applied to them.
+
+The built-in profiles are data inside the agent (``agent.BUILTIN_PROFILES``): the agent runs
+alone inside containers and must carry them. This module is the control-machine side: it loads
+an override file (YAML or JSON), validates it with one-line ConfigErrors, and writes the JSON
+document the agent takes with ``--profile-file``. The override format::
+
+    profile: h200-sxm            # optional: use this profile instead of detecting by GPU name
+    profiles:
+      h200-sxm:                  # a built-in profile: merged key by key
+        expect: {hbm_copy_gbps: 4100, nccl_busbw_1g_gbps: 320}
+        ratios: {default: [0.9, 0.75], managed_fault_gbps: [0.3, 0.0]}
+        limits: {temperature_warn_c: 80}
+      l40s:                      # a new profile, based on generic unless 'base' says otherwise
+        match: ["L40S"]
+        expect: {bf16_tflops: 300, hbm_copy_gbps: 780}
+
+A figure passes at ``measured >= expected * pass``, warns down to ``expected * warn``, and
+fails below (metrics in ``warn_only`` never fail). Expected values are what a healthy machine
+measures, not spec-sheet peaks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import ConfigError
+from umprov.verify.agent import (
+    BUILTIN_PROFILES,
+    LIMITS,
+    METRICS,
+    judge,
+    merge_profiles,
+    select_profile,
+)
+
+__all__ = [
+    "BUILTIN_PROFILES",
+    "LIMITS",
+    "METRICS",
+    "judge",
+    "load_overrides",
+    "resolve",
+    "select_profile",
+    "write_agent_profile",
+]
+
+
+def load_overrides(path: str | Path) -> dict[str, Any]:
+    """Read and validate an override file; ConfigError (one line) when it is wrong."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"profile file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML too
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"profile file {path}:{where} not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"profile file {path}: must be a mapping with 'profiles' and/or "
+                          "'profile'")
+    unknown = set(data) - {"profiles", "profile"}
+    if unknown:
+        raise ConfigError(f"profile file {path}: unknown key {sorted(unknown)[0]!r} "
+                          "(expected 'profiles' and/or 'profile')")
+    try:
+        merge_profiles(BUILTIN_PROFILES, data)
+    except ValueError as exc:
+        raise ConfigError(f"profile file {path}: {exc}") from None
+    return data
+
+
+def resolve(overrides: dict[str, Any] | None = None) -> dict[str, dict]:
+    """Every profile after overrides (built-ins when none)."""
+    try:
+        return merge_profiles(BUILTIN_PROFILES, overrides or {})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def write_agent_profile(path: Path, overrides: dict[str, Any], *,
+                        force: str | None = None) -> Path:
+    """The JSON document for ``agent.py --profile-file`` (overrides plus a forced profile)."""
+    doc: dict[str, Any] = {"profiles": overrides.get("profiles") or {}}
+    chosen = force or overrides.get("profile")
+    if chosen:
+        if chosen not in resolve(overrides):
+            raise ConfigError(f"profile {chosen!r} does not exist "
+                              f"(known: {', '.join(sorted(resolve(overrides)))})")
+        doc["profile"] = chosen
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path

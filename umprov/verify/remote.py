@@ -1,0 +1,278 @@
+"""Running the agent inside containers through the docker SDK, and over an inventory.
+
+``run_agent_in_container`` is the unit: copy agent.py (and the profile JSON) in with
+put_archive, run it with exec_run under a deadline, read its JSON report back with
+get_archive. ``verify_hosts`` does that on every inventory host in parallel, each over
+``umprov.ssh.docker_client`` (verified host keys), in the deployed container or in a
+container of ``--image`` started for the purpose. Nothing here raises for one host's trouble:
+each host ends with a report document, failing ones saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import secrets
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import UmprovError
+from umprov.verify.report import checked, failed_host_report
+
+AGENT_PATH = Path(__file__).with_name("agent.py")
+Progress = Callable[[str, str], None]
+
+
+def _quiet(_host: str, _message: str) -> None:
+    pass
+
+
+def _tar(files: Mapping[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _untar_one(chunks: Any) -> bytes:
+    data = b"".join(chunks)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                fh = tar.extractfile(member)
+                if fh is not None:
+                    return fh.read()
+    raise UmprovError("the report archive from the container holds no file")
+
+
+def _exec(container: Any, cmd: list[str], timeout: float) -> tuple[int | None, str]:
+    """exec_run with a deadline (the SDK has none): (exit code or None when late, output)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            res = container.exec_run(cmd, demux=False)
+            box["rc"], box["out"] = res.exit_code, (res.output or b"").decode(errors="replace")
+        except Exception as exc:  # the SDK's errors are reported, not raised through the thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return None, ""
+    if "error" in box:
+        raise box["error"]
+    return box["rc"], box["out"]
+
+
+def run_agent_in_container(
+    client: Any,
+    container: Any,
+    *,
+    args: Sequence[str] = (),
+    timeout: float = 600.0,
+    profile: Mapping[str, Any] | None = None,
+    host: str | None = None,
+) -> dict:
+    """Run the agent in a running container; return its (validated) report document.
+
+    ``container`` is a docker SDK Container or a name/ID. ``args`` are agent options
+    (--quick, --expected-gpus N, --timeout S, --profile NAME); ``profile`` an override
+    document for --profile-file. The agent runs under ``timeout`` (coreutils timeout inside
+    the container where there is one, and a deadline here either way).
+    """
+    if isinstance(container, str):
+        container = client.containers.get(container)
+    name = host or getattr(container, "name", "container")
+    workdir = f"/tmp/umprov-verify-{secrets.token_hex(4)}"  # noqa: S108 (inside the container)
+    files = {"agent.py": AGENT_PATH.read_bytes()}
+    agent_args = [*args]
+    if profile is not None:
+        files["profile.json"] = json.dumps(profile).encode()
+        agent_args += ["--profile-file", f"{workdir}/profile.json"]
+    rc, out = _exec(container, ["mkdir", "-p", workdir], 60)
+    if rc != 0:
+        return failed_host_report(name, "agent.copy", f"cannot create {workdir}: {out.strip()}")
+    if not container.put_archive(workdir, _tar(files)):
+        return failed_host_report(name, "agent.copy", "put_archive refused the agent")
+    report = f"{workdir}/report.json"
+    quoted = " ".join(_sh_quote(a) for a in agent_args)
+    limit = int(timeout)
+    script = (
+        f"cd {workdir} || exit 97; "
+        "PY=$(command -v python3 || command -v python) || { echo 'no python in the container'; "
+        "exit 98; }; "
+        f"T=''; command -v timeout >/dev/null 2>&1 && T='timeout -k 10 {limit}'; "
+        f'$T "$PY" agent.py --quiet --json {report} {quoted}'
+    )
+    try:
+        rc, out = _exec(container, ["sh", "-c", script], timeout + 30)
+        if rc is None:
+            return failed_host_report(name, "agent.run", f"the agent did not finish within "
+                                      f"{timeout:.0f} s", hint="reset", reason="timeout")
+        if rc == 98:
+            return failed_host_report(name, "agent.run", "no python3 or python in the container",
+                                      hint="config")
+        try:
+            stream, _stat = container.get_archive(report)
+            doc = json.loads(_untar_one(stream))
+        except Exception as exc:  # no report: say what the agent printed
+            tail = " | ".join(ln for ln in out.strip().splitlines()[-3:])
+            return failed_host_report(
+                name, "agent.run", f"the agent exited with code {rc} and wrote no report "
+                f"({type(exc).__name__}): {tail[:300]}")
+        if host:
+            doc.setdefault("facts", {})["container_hostname"] = doc.get("host")
+            doc["host"] = host
+        return checked(doc, name)
+    finally:
+        with contextlib.suppress(Exception):
+            _exec(container, ["rm", "-rf", workdir], 60)
+
+
+def _sh_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Over an inventory
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    quick: bool = False
+    timeout: float = 120.0
+    expected_gpus: int | None = None
+    image: str | None = None
+    profile: Mapping[str, Any] | None = None  # override document for the agent
+    trust_new: bool = False
+
+    def agent_args(self, host_vars: Mapping[str, Any]) -> list[str]:
+        args = ["--timeout", str(self.timeout)]
+        if self.quick:
+            args.append("--quick")
+        expected = self.expected_gpus
+        if expected is None and host_vars.get("umprov_expected_gpus") is not None:
+            expected = int(host_vars["umprov_expected_gpus"])
+        if expected is not None:
+            args += ["--expected-gpus", str(expected)]
+        forced = host_vars.get("umprov_gpu_profile")
+        if forced and not (self.profile or {}).get("profile"):
+            args += ["--profile", str(forced)]
+        return args
+
+    def overall_timeout(self) -> float:
+        # discover + per-GPU + NCCL phases, each with its own child deadline, plus start-up
+        return self.timeout * 3 + 120
+
+
+def verify_hosts(hosts: Sequence[Any], opts: VerifyOptions, *,
+                 progress: Progress = _quiet, max_workers: int = 32) -> list[dict]:
+    """One report document per host, gathered in parallel."""
+    if not hosts:
+        return []
+    workers = max(1, min(max_workers, len(hosts)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify") as pool:
+        return list(pool.map(lambda h: _verify_one(h, opts, progress), hosts))
+
+
+def _verify_one(host: Any, opts: VerifyOptions, progress: Progress) -> dict:
+    from umprov.ssh import docker_client
+
+    mode = "quick" if opts.quick else "full"
+    client = None
+    try:
+        progress(host.name, "connecting")
+        client = docker_client(host, trust_new=opts.trust_new)
+        hv = getattr(host, "vars", {}) or {}
+        args = opts.agent_args(hv)
+        if opts.image:
+            progress(host.name, f"starting {opts.image}")
+            doc = _in_fresh_container(client, host.name, opts, args)
+        else:
+            name = str(hv.get("umprov_container_name") or "umprov")
+            try:
+                container = client.containers.get(name)
+            except Exception:
+                return failed_host_report(
+                    host.name, "agent.container", f"no container {name!r} on the host (run "
+                    "umprov deploy first, or pass --image)", hint="config", mode=mode)
+            if container.status != "running":
+                return failed_host_report(host.name, "agent.container",
+                                          f"container {name} is {container.status}",
+                                          hint="config", mode=mode)
+            progress(host.name, f"running the agent in {name}")
+            doc = run_agent_in_container(client, container, args=args, profile=opts.profile,
+                                         timeout=opts.overall_timeout(), host=host.name)
+        progress(host.name, f"{doc['verdict']} ({doc['wall_s']:.0f} s)")
+        return doc
+    except UmprovError as exc:
+        progress(host.name, "failed")
+        return failed_host_report(host.name, "agent.connect", str(exc), hint="config",
+                                  mode=mode)
+    except Exception as exc:  # one host's Docker trouble is its report, not the run's crash
+        progress(host.name, "failed")
+        text = " ".join(str(exc).split())[:300]
+        return failed_host_report(host.name, "agent.docker", f"{type(exc).__name__}: {text}",
+                                  mode=mode)
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
+                        args: list[str]) -> dict:
+    """Run the agent in a throw-away container of --image with all GPUs, then remove it."""
+    from docker.errors import APIError
+    from docker.types import DeviceRequest, Ulimit
+
+    kwargs: dict[str, Any] = {
+        "command": ["sleep", "infinity"],
+        "detach": True,
+        "name": f"umprov-verify-{secrets.token_hex(3)}",
+        "shm_size": "16g",
+        "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)],
+        "labels": {"org.umprov.verify": "1"},
+        "entrypoint": [],
+    }
+    note = ""
+    try:
+        container = client.containers.run(
+            opts.image, device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
+            **kwargs)
+    except APIError as exc:
+        text = " ".join(str(getattr(exc, "explanation", "") or exc).split())
+        if "device driver" not in text and "gpu" not in text.lower():
+            raise
+        # No NVIDIA runtime on the host: run without GPUs so the agent reports that honestly.
+        note = f"the container could not get GPUs: {text[:200]}"
+        kwargs.pop("ulimits")
+        container = client.containers.run(opts.image, **kwargs)
+    try:
+        doc = run_agent_in_container(client, container, args=args, profile=opts.profile,
+                                     timeout=opts.overall_timeout(), host=host_name)
+        if note:
+            doc.setdefault("facts", {})["container_note"] = note
+            for rec in doc["records"]:
+                if rec["check"] == "host.gpu_visible":
+                    rec["detail"] += f"; {note}"
+        return doc
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)

@@ -1,0 +1,370 @@
+"""The verify report: its versioned JSON schema, verdicts, exit codes and renderers.
+
+One document per host (``schema: umprov.verify.host``, ``schema_version: 1``), produced by the
+agent (umprov/verify/agent.py, which defines the record shape) or, for a host the agent could
+not run on, by ``failed_host_report``. ``umprov verify --json`` prints a run document
+(``schema: umprov.verify.run``) holding the host documents. Each record::
+
+    scope     host | gpu | pair
+    target    "host", "gpu3", or "gpu0-gpu5" for a pair (gpu/peer hold the indices)
+    check     dotted name, e.g. managed.prefetch_vs_pinned, nccl.busbw_1g, nccl.send_recv
+    measured  number, string, bool or null;  unit: string or null
+    limit     the pass limit (null: informational), expected: the profile's value or null
+    verdict   pass | warn | fail | skip;  hint: reboot | reset | isolate | ... (warn/fail only)
+    detail    one line for people;  reason: null, or error | timeout | crash
+
+Renderers: a terminal table (stderr), JUnit XML, and a node_exporter textfile.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import ExitCode
+from umprov.verify.agent import (
+    AGENT_VERSION,
+    HINTS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SCOPES,
+    VERDICTS,
+    record,
+    worst,
+)
+
+RUN_SCHEMA = "umprov.verify.run"
+PROM_FILE = "umprov_verify.prom"
+VERDICT_CODE = {"pass": 0, "warn": 1, "fail": 2, "skip": 3}
+
+_RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "scope": (str,),
+    "target": (str,),
+    "gpu": (int, type(None)),
+    "peer": (int, type(None)),
+    "check": (str,),
+    "measured": (int, float, str, bool, type(None)),
+    "unit": (str, type(None)),
+    "limit": (int, float, type(None)),
+    "expected": (int, float, type(None)),
+    "verdict": (str,),
+    "hint": (str, type(None)),
+    "detail": (str,),
+    "reason": (str, type(None)),
+}
+_DOC_FIELDS: dict[str, tuple[type, ...]] = {
+    "schema": (str,),
+    "schema_version": (int,),
+    "agent_version": (str,),
+    "host": (str,),
+    "started": (str,),
+    "wall_s": (int, float),
+    "mode": (str,),
+    "verdict": (str,),
+    "exit_code": (int,),
+    "profile": (str,),
+    "summary": (dict,),
+    "facts": (dict,),
+    "records": (list,),
+}
+
+
+def validate(doc: Any) -> list[str]:
+    """Problems with a host document against schema version 1; empty when it is valid."""
+    if not isinstance(doc, dict):
+        return ["the report is not a JSON object"]
+    problems = []
+    for key, types in _DOC_FIELDS.items():
+        if key not in doc:
+            problems.append(f"missing field {key}")
+        elif not isinstance(doc[key], types) or (isinstance(doc[key], bool) and bool not in types):
+            problems.append(f"field {key} has type {type(doc[key]).__name__}")
+    if problems:
+        return problems
+    if doc["schema"] != SCHEMA:
+        problems.append(f"schema is {doc['schema']!r}, not {SCHEMA!r}")
+    if doc["schema_version"] != SCHEMA_VERSION:
+        problems.append(f"schema_version {doc['schema_version']} is not {SCHEMA_VERSION}")
+    if doc["verdict"] not in VERDICTS:
+        problems.append(f"verdict {doc['verdict']!r} is not one of {VERDICTS}")
+    for i, rec in enumerate(doc["records"]):
+        problems += [f"records[{i}]: {p}" for p in validate_record(rec)]
+    if not problems and doc["records"] and doc["verdict"] != worst(
+        r["verdict"] for r in doc["records"]
+    ):
+        problems.append("verdict does not match the records")
+    return problems
+
+
+def validate_record(rec: Any) -> list[str]:
+    if not isinstance(rec, dict):
+        return ["not an object"]
+    problems = []
+    for key, types in _RECORD_FIELDS.items():
+        if key not in rec:
+            problems.append(f"missing field {key}")
+        elif not isinstance(rec[key], types):
+            problems.append(f"field {key} has type {type(rec[key]).__name__}")
+    if problems:
+        return problems
+    if rec["scope"] not in SCOPES:
+        problems.append(f"scope {rec['scope']!r}")
+    if rec["verdict"] not in VERDICTS:
+        problems.append(f"verdict {rec['verdict']!r}")
+    if rec["hint"] is not None and rec["hint"] not in HINTS:
+        problems.append(f"hint {rec['hint']!r}")
+    return problems
+
+
+def failed_host_report(host: str, check: str, detail: str, *, hint: str = "investigate",
+                       reason: str | None = "error", mode: str = "full") -> dict:
+    """A host document for a host the agent never ran on (unreachable, no container...)."""
+    rec = record("host", "host", check, "fail", detail=detail, hint=hint, reason=reason)
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "agent_version": AGENT_VERSION,
+        "host": host,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": 0.0,
+        "mode": mode,
+        "verdict": "fail",
+        "exit_code": int(ExitCode.VERIFY_FAIL),
+        "profile": "none",
+        "summary": {"pass": 0, "warn": 0, "fail": 1, "skip": 0},
+        "facts": {},
+        "records": [rec],
+    }
+
+
+def checked(doc: Any, host: str) -> dict:
+    """The document if it is valid, else a failing document saying why."""
+    problems = validate(doc)
+    if problems:
+        return failed_host_report(
+            host, "agent.report", f"the agent's report is not valid: {'; '.join(problems[:3])}"
+        )
+    return doc
+
+
+def exit_code(verdict: str) -> ExitCode:
+    return {
+        "pass": ExitCode.OK,
+        "warn": ExitCode.VERIFY_WARN,
+    }.get(verdict, ExitCode.VERIFY_FAIL)
+
+
+def run_verdict(docs: Sequence[dict]) -> str:
+    return worst(d["verdict"] for d in docs) if docs else "fail"
+
+
+def run_document(docs: Sequence[dict], seconds: float) -> dict:
+    verdict = run_verdict(docs)
+    return {
+        "schema": RUN_SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "verdict": verdict,
+        "exit_code": int(exit_code(verdict)),
+        "seconds": round(seconds, 2),
+        "hosts": list(docs),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal
+
+
+def _cell(value: Any, unit: str | None = None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    else:
+        text = str(value)
+    return f"{text} {unit}" if unit else text
+
+
+def table_rows(docs: Sequence[dict], *, all_rows: bool = True) -> list[list[str]]:
+    rows = []
+    for doc in docs:
+        for r in doc["records"]:
+            if not all_rows and r["verdict"] in ("pass", "skip"):
+                continue
+            rows.append([
+                doc["host"], r["target"], r["check"], _cell(r["measured"], r["unit"]),
+                _cell(r["limit"]), r["verdict"].upper(), r["hint"] or "", _short(r["detail"]),
+            ])
+    return rows
+
+
+def _short(text: str, limit: int = 90) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def print_report(docs: Sequence[dict], *, all_rows: bool = True) -> None:
+    from umprov.cli._common import print_table, say
+
+    rows = table_rows(docs, all_rows=all_rows)
+    verdict = run_verdict(docs)
+    if rows:
+        print_table(
+            f"verify: {len(docs)} host(s), {verdict}",
+            ["host", "target", "check", "measured", "limit", "verdict", "hint", "detail"],
+            rows,
+        )
+    for doc in docs:
+        for r in doc["records"]:
+            if r["verdict"] in ("warn", "fail") and len(r["detail"]) > 90:
+                say(f"{r['verdict'].upper()} {doc['host']} {r['target']} {r['check']}: "
+                    f"{r['detail']}")
+    for doc in docs:
+        s = doc["summary"]
+        say(f"{doc['host']}: {doc['verdict']} ({s['fail']} fail, {s['warn']} warn, "
+            f"{s['pass']} pass, {s['skip']} skip; profile {doc['profile']}, {doc['mode']}, "
+            f"{doc['wall_s']:.1f} s)")
+
+
+# ---------------------------------------------------------------------------------------------
+# JUnit XML
+
+
+def to_junit(docs: Sequence[dict]) -> str:
+    """One testsuite per host, one testcase per record: fail -> failure (or error for a
+    timeout/crash), skip -> skipped, warn -> a passing case whose system-out says WARN."""
+    root = ET.Element("testsuites", name="umprov verify")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for doc in docs:
+        suite = ET.SubElement(root, "testsuite", name=f"umprov.verify.{doc['host']}",
+                              hostname=doc["host"], timestamp=doc["started"],
+                              time=f"{doc['wall_s']:.2f}")
+        props = ET.SubElement(suite, "properties")
+        for key in ("schema_version", "agent_version", "profile", "mode", "verdict"):
+            ET.SubElement(props, "property", name=key, value=str(doc[key]))
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for r in doc["records"]:
+            counts["tests"] += 1
+            case = ET.SubElement(suite, "testcase", classname=f"{doc['host']}.{r['target']}",
+                                 name=r["check"], time="0")
+            text = _junit_text(r)
+            if r["verdict"] == "fail":
+                kind = "error" if r["reason"] in ("timeout", "crash") else "failure"
+                counts["errors" if kind == "error" else "failures"] += 1
+                el = ET.SubElement(case, kind, message=_short(r["detail"], 200),
+                                   type=r["reason"] or r["hint"] or "fail")
+                el.text = text
+            elif r["verdict"] == "skip":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=_short(r["detail"], 200))
+            else:
+                out = ET.SubElement(case, "system-out")
+                out.text = ("WARN " if r["verdict"] == "warn" else "") + text
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, str(value))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _junit_text(r: dict) -> str:
+    parts = [f"measured={_cell(r['measured'], r['unit'])}"]
+    if r["limit"] is not None:
+        parts.append(f"limit={_cell(r['limit'])}")
+    if r["expected"] is not None:
+        parts.append(f"expected={_cell(r['expected'])}")
+    if r["hint"]:
+        parts.append(f"hint={r['hint']}")
+    return " ".join(parts) + (f"\n{r['detail']}" if r["detail"] else "")
+
+
+def write_junit(path: Path, docs: Sequence[dict]) -> None:
+    from umprov.paths import write_atomic
+
+    write_atomic(path, to_junit(docs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus node_exporter textfile
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**kv: Any) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in kv.items()) + "}"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def to_prometheus(docs: Sequence[dict], *, now: float | None = None) -> str:
+    """The node_exporter textfile format (text exposition 0.0.4), one file for all hosts."""
+    now = time.time() if now is None else now
+    metrics: dict[str, tuple[str, list[str]]] = {
+        "umprov_verify_host_verdict": (
+            "Host verdict: 0 pass, 1 warn, 2 fail, 3 skip.", []),
+        "umprov_verify_check_verdict": (
+            "Check verdict: 0 pass, 1 warn, 2 fail, 3 skip.", []),
+        "umprov_verify_measured": ("Measured value of a check, in its unit label.", []),
+        "umprov_verify_limit": ("Pass limit of a check, in its unit label.", []),
+        "umprov_verify_checks": ("Checks by verdict.", []),
+        "umprov_verify_duration_seconds": ("Wall time of the verification.", []),
+        "umprov_verify_last_run_timestamp_seconds": ("When the report was written.", []),
+    }
+
+    def add(name: str, labels: str, value: float) -> None:
+        metrics[name][1].append(f"{name}{labels} {value:.6g}")
+
+    for doc in docs:
+        host = doc["host"]
+        add("umprov_verify_host_verdict", _labels(host=host, profile=doc["profile"],
+                                                  mode=doc["mode"]), VERDICT_CODE[doc["verdict"]])
+        for verdict in VERDICTS:
+            add("umprov_verify_checks", _labels(host=host, verdict=verdict),
+                doc["summary"].get(verdict, 0))
+        add("umprov_verify_duration_seconds", _labels(host=host), doc["wall_s"])
+        add("umprov_verify_last_run_timestamp_seconds", _labels(host=host), now)
+        for r in doc["records"]:
+            base = {"host": host, "target": r["target"], "check": r["check"]}
+            add("umprov_verify_check_verdict", _labels(**base, hint=r["hint"] or ""),
+                VERDICT_CODE[r["verdict"]])
+            value = _number(r["measured"])
+            if value is not None:
+                add("umprov_verify_measured", _labels(**base, unit=r["unit"] or ""), value)
+            if r["limit"] is not None:
+                add("umprov_verify_limit", _labels(**base, unit=r["unit"] or ""),
+                    float(r["limit"]))
+    lines: list[str] = []
+    for name, (help_text, samples) in metrics.items():
+        if not samples:
+            continue
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+    return "\n".join(lines) + "\n"
+
+
+def write_prometheus(directory: Path, docs: Sequence[dict]) -> Path:
+    """Write DIR/umprov_verify.prom atomically (node_exporter never reads half a file)."""
+    from umprov.paths import write_atomic
+
+    path = Path(directory) / PROM_FILE
+    write_atomic(path, to_prometheus(docs))
+    return path
+
+
+def local_host_name() -> str:
+    return socket.gethostname()
+
+
+def hosts_of(docs: Iterable[dict]) -> list[str]:
+    return [d["host"] for d in docs]
