@@ -24,6 +24,10 @@ $(BIN)/umprov: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	@# The verifier's CPU self-tests (gloo) want torch. Only a CPU wheel already on disk is used:
+	@# a plain `pip install torch` would download a multi-GB CUDA build.
+	@w=$$(ls /opt/wheels/torch-*+cpu-cp3*-*.whl 2>/dev/null | grep "cp$$($(BIN)/python -c 'import sys;print(f"{sys.version_info[0]}{sys.version_info[1]}")')-" | head -n1); \
+	  if [ -n "$$w" ]; then $(BIN)/pip install -q "$$w"; else echo "no local CPU torch wheel: the gloo self-tests will be skipped"; fi
 	@touch $@
 
 venv: $(BIN)/umprov
