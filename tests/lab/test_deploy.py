@@ -43,14 +43,10 @@ def deploy(*args: str) -> tuple[Any, dict[str, Any]]:
 LAB: dict[str, Any] = {}
 
 
-def _ensure_docker(key: Path, known_hosts: Path, port: int) -> None:
-    """Docker on a lab host, as the docker_engine role installs it (distribution package)."""
-    if ssh(key, known_hosts, port, "docker version --format '{{.Server.Version}}'").returncode == 0:
-        return
-    done = ssh(key, known_hosts, port,
-               "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install "
-               "-y -qq docker.io >/dev/null && sudo systemctl enable --now docker")
-    assert done.returncode == 0, done.stderr
+def _ensure_docker(inventory: str) -> None:
+    """Docker on the lab hosts through the real docker_engine role (`provision --only docker`)."""
+    result = cli("provision", inventory, "--only", "docker", "--json")
+    assert result.exit_code == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,8 +55,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
     key, known = Path(data["key_file"]), Path(data["known_hosts"])
-    for host in data["hosts"]:
-        _ensure_docker(key, known, host["port"])
+    _ensure_docker(data["inventory"])
     built = cli("image", "build", "--lab", "--tag", TAG, "--json")
     assert built.exit_code == 0, built.stderr
     LAB.update(
@@ -332,3 +327,25 @@ def test_status_reports_each_host(first_deploy: dict[str, Any]) -> None:
     connect = cli("status", "--connect", LAB["names"][0])
     assert connect.exit_code == 0 and "token=" in connect.stdout
     assert os.environ.get("UMPROV_STATE_DIR")
+
+
+def test_verify_in_deployed_containers_reports_no_gpu_honestly(
+    first_deploy: dict[str, Any], tmp_path: Path
+) -> None:
+    """The agent runs in each deployed container through docker exec; the lab has no GPU."""
+    junit, prom = tmp_path / "verify.xml", tmp_path / "prom"
+    result = cli("verify", str(LAB["inventory"]), "--json", "--junit", str(junit),
+                 "--prometheus", str(prom))
+    assert result.exit_code == 13, result.stderr  # a failure, never a pass
+    data = json.loads(result.stdout)
+    assert data["verdict"] == "fail"
+    assert sorted(h["host"] for h in data["hosts"]) == sorted(LAB["names"])
+    for report in data["hosts"]:
+        failed = [r for r in report["records"] if r["verdict"] == "fail"]
+        assert [r["check"] for r in failed] == ["host.gpu_visible"]
+        assert "no NVIDIA GPU visible" in failed[0]["detail"]
+        assert "/dev/nvidia-uvm" in failed[0]["detail"]
+    assert junit.read_text().count("<failure") == 2
+    text = (prom / "umprov_verify.prom").read_text()
+    for name in LAB["names"]:
+        assert f'umprov_verify_host_verdict{{host="{name}"' in text
