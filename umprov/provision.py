@@ -28,6 +28,50 @@ STATUS_FACTS = ("nvidia_driver_status", "docker_engine_status", "nvidia_containe
 
 KEEP_RUNS = 10
 
+# Execution strategies: Mitogen's linear strategy (one persistent Python per host, modules
+# sent once) when the mitogen package is importable, else Ansible's own linear strategy with
+# ansible.cfg's tuning (pipelining, ControlPersist, forks). "auto" picks the first that works.
+STRATEGIES = ("auto", "mitogen", "linear")
+
+
+def mitogen_strategy_dir() -> Path | None:
+    """ansible_mitogen's strategy plugins folder, or None when mitogen is not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("ansible_mitogen")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        strategy = Path(location) / "plugins" / "strategy"
+        if (strategy / "mitogen_linear.py").is_file():
+            return strategy
+    return None
+
+
+def resolve_strategy(requested: str = "auto") -> tuple[str, dict[str, str]]:
+    """The strategy to run with and the environment ansible-playbook needs for it."""
+    if requested not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {requested!r}; choose one of {', '.join(STRATEGIES)}")
+    if requested == "linear":
+        return "linear", {"ANSIBLE_STRATEGY": "linear"}
+    plugins = mitogen_strategy_dir()
+    if plugins is None:
+        if requested == "mitogen":
+            raise ConfigError(
+                "--strategy mitogen: the mitogen package is not installed in umprov's "
+                "environment (pip install mitogen), or use --strategy linear"
+            )
+        return "linear", {"ANSIBLE_STRATEGY": "linear"}
+    return "mitogen", {
+        "ANSIBLE_STRATEGY_PLUGINS": str(plugins),
+        "ANSIBLE_STRATEGY": "mitogen_linear",
+        # ansible-core flags every third-party strategy as deprecated; the run's output is ours.
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+    }
+
 
 @dataclass
 class HostResult:
@@ -74,6 +118,7 @@ class ProvisionResult:
     hosts: list[HostResult]
     elapsed_s: float
     artifacts: str
+    strategy: str = "linear"
 
     @property
     def exit_code(self) -> ExitCode:
@@ -89,6 +134,7 @@ class ProvisionResult:
             "playbook": self.playbook,
             "inventory": self.inventory,
             "check": self.check,
+            "strategy": self.strategy,
             "elapsed_s": round(self.elapsed_s, 2),
             "exit_code": int(self.exit_code),
             "artifacts": self.artifacts,
@@ -184,6 +230,7 @@ def run_playbook(
     forks: int | None = None,
     on_event: EventSink | None = None,
     cancel: threading.Event | None = None,
+    strategy: str = "auto",
 ) -> ProvisionResult:
     """Run a playbook from playbooks/ against an inventory and collect per-host results."""
     import ansible_runner
@@ -192,6 +239,7 @@ def run_playbook(
     play_path = root / "playbooks" / playbook
     if not play_path.is_file():
         raise ConfigError(f"playbook not found: {play_path}")
+    strategy_used, strategy_env = resolve_strategy(strategy)
     private = _private_dir()
     cmdline: list[str] = []
     if tags:
@@ -218,6 +266,7 @@ def run_playbook(
         "ANSIBLE_NOCOLOR": "1",
         # ansible-runner sets this to False unless told otherwise: host keys stay verified.
         "ANSIBLE_HOST_KEY_CHECKING": "True",
+        **strategy_env,
     }
     started = time.monotonic()
     with _runner_environment():
@@ -276,6 +325,7 @@ def run_playbook(
         hosts=[results[k] for k in sorted(results)],
         elapsed_s=time.monotonic() - started,
         artifacts=str(private),
+        strategy=strategy_used,
     )
 
 

@@ -119,3 +119,27 @@ def test_provision_bad_extra_var_exit_code(umprov_cli, tmp_path):
     result = umprov_cli("provision", str(inv), "-e", "oops")
     assert result.exit_code == ExitCode.CONFIG
     assert "-e 'oops'" in result.stderr
+
+
+def test_strategy_linear_is_plain():
+    assert provision.resolve_strategy("linear") == ("linear", {"ANSIBLE_STRATEGY": "linear"})
+
+
+def test_strategy_auto_falls_back_without_mitogen(monkeypatch):
+    monkeypatch.setattr(provision, "mitogen_strategy_dir", lambda: None)
+    assert provision.resolve_strategy("auto")[0] == "linear"
+    with pytest.raises(ConfigError, match="--strategy mitogen: the mitogen package is not installed"):
+        provision.resolve_strategy("mitogen")
+
+
+def test_strategy_auto_uses_mitogen_when_present(monkeypatch, tmp_path):
+    monkeypatch.setattr(provision, "mitogen_strategy_dir", lambda: tmp_path)
+    name, env = provision.resolve_strategy("auto")
+    assert name == "mitogen"
+    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert env["ANSIBLE_STRATEGY_PLUGINS"] == str(tmp_path)
+
+
+def test_strategy_unknown():
+    with pytest.raises(ConfigError, match="unknown strategy 'fast'"):
+        provision.resolve_strategy("fast")

@@ -27,6 +27,14 @@ ONLY = ("preflight", "driver", "docker", "toolkit")
 @click.option(
     "--playbook", default="site.yml", show_default=True, help="Playbook under playbooks/."
 )
+@click.option(
+    "--strategy",
+    type=click.Choice(["auto", "mitogen", "linear"]),
+    default="auto",
+    show_default=True,
+    help="Ansible strategy: mitogen (faster; needs the mitogen package), linear (Ansible's own, "
+    "tuned), auto (mitogen when installed, else linear).",
+)
 @json_option
 def provision(
     inventory: str | None,
@@ -37,6 +45,7 @@ def provision(
     extra: tuple[str, ...],
     forks: int | None,
     playbook: str,
+    strategy: str,
     as_json: bool,
 ) -> int:
     """Install NVIDIA drivers, Docker and the NVIDIA Container Toolkit on INVENTORY.
@@ -67,6 +76,7 @@ def provision(
             extra_vars=extra_vars,
             forks=forks,
             on_event=progress.update,
+            strategy=strategy,
         )
     if as_json:
         emit_json(result.to_dict())
@@ -84,7 +94,8 @@ def provision(
     ]
     mode = " (check mode)" if check else ""
     print_table(
-        f"provision{mode}: {result.playbook} on {len(rows)} host(s) in {result.elapsed_s:.0f} s",
+        f"provision{mode}: {result.playbook} on {len(rows)} host(s) in {result.elapsed_s:.0f} s"
+        f" ({result.strategy})",
         ["host", "status", "ok", "changed", "failed", "unreachable", "notes"],
         rows,
     )

@@ -1,0 +1,480 @@
+"""`umprov provision` against lab hosts: converge, idempotence, check mode, faults, reboots.
+
+Two labs: `pytest-prov` (3 hosts, converged once and shared) and `pytest-faults` (3 hosts that the
+fault tests break on purpose). Host state is read back over real SSH with the lab's pinned host
+keys, never through Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.conftest import _Boundary
+from tests.lab.conftest import ssh_command
+
+pytestmark = pytest.mark.lab
+
+PROV = "pytest-prov"
+FAULTS = "pytest-faults"
+
+DRIVER_BRANCH = "580"
+DRIVER_VERSION = "580.95.05"  # the newest 580 driver in the lab's stand-in CUDA repository
+TOOLKIT_VERSION = "1.17.8-1"  # nvidia_container_toolkit_version's default
+DRIVER_PACKAGES = ("nvidia-open", f"nvidia-driver-pinning-{DRIVER_BRANCH}")
+TOOLKIT_PACKAGES = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
+PLANTED = {"log-opts": {"max-size": "10m"}}
+PID1_START = "cut -d' ' -f22 /proc/1/stat"
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
+
+
+@dataclass
+class Provisioned:
+    """One `umprov provision --json` run: exit code, per-host results, the raw CLI result."""
+
+    exit_code: int
+    hosts: dict[str, dict[str, Any]]
+    data: dict[str, Any]
+    result: Result
+
+    def explain(self) -> str:
+        return f"exit {self.exit_code}\nstderr:\n{self.result.stderr[-3000:]}"
+
+
+def provision(lab: str, *args: str) -> Provisioned:
+    result = cli("provision", f"lab/{lab}", "--json", *args)
+    data = json.loads(result.stdout) if result.stdout.strip() else {}
+    return Provisioned(
+        result.exit_code, {h["host"]: h for h in data.get("hosts", [])}, data, result
+    )
+
+
+@dataclass
+class Host:
+    """A tiny testinfra: commands on a lab host over SSH with strict host key checking."""
+
+    name: str
+    container: str
+    port: int
+    key: Path
+    known_hosts: Path
+
+    def run(self, command: str, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*ssh_command(self.key, self.known_hosts, self.port), command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def check(self, command: str) -> str:
+        out = self.run(command)
+        assert out.returncode == 0, f"{self.name}: {command!r} failed: {out.stderr or out.stdout}"
+        return out.stdout
+
+    def sudo(self, command: str) -> str:
+        return self.check(f"sudo -n sh -c {shlex.quote(command)}")
+
+    def read(self, path: str) -> str:
+        return self.sudo(f"cat {shlex.quote(path)}")
+
+    def exists(self, path: str) -> bool:
+        return self.run(f"test -e {shlex.quote(path)}").returncode == 0
+
+    def package_version(self, name: str) -> str | None:
+        out = self.run(f"dpkg-query -W -f='${{db:Status-Abbrev}} ${{Version}}' {name}")
+        fields = out.stdout.split()
+        # "ii" installed, "hi" installed and held
+        installed = out.returncode == 0 and len(fields) == 2 and fields[0][1:2] == "i"
+        return fields[1] if installed else None
+
+    def holds(self) -> set[str]:
+        return set(self.check("apt-mark showhold").split())
+
+    def pid1_start(self) -> str:
+        return self.check(PID1_START).strip()
+
+
+@dataclass
+class Lab:
+    name: str
+    inventory: Path
+    directory: Path
+    hosts: list[Host]
+
+
+def lab_up(name: str, count: int) -> Lab:
+    up = cli("lab", "up", "--hosts", str(count), "--name", name, "--json")
+    assert up.exit_code == 0, up.stderr
+    data = json.loads(up.stdout)
+    key, known = Path(data["key_file"]), Path(data["known_hosts"])
+    hosts = [
+        Host(h["name"], f"umprov-lab-{name}-{i}", h["port"], key, known)
+        for i, h in enumerate(data["hosts"], start=1)
+    ]
+    return Lab(name, Path(data["inventory"]), key.parent, hosts)
+
+
+def wait_for_ssh(host: Host, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        out = host.run("systemctl is-system-running --wait || true", timeout=30)
+        if out.returncode == 0:
+            return
+        last = out.stderr
+        time.sleep(1)
+    pytest.fail(f"{host.name} did not answer SSH within {timeout:.0f} s: {last}")
+
+
+@pytest.fixture(scope="module")
+def prov_lab() -> Iterator[Lab]:
+    lab = lab_up(PROV, 3)
+    yield lab
+    cli("lab", "down", "--name", PROV)
+
+
+@pytest.fixture(scope="module")
+def faults_lab() -> Iterator[Lab]:
+    lab = lab_up(FAULTS, 3)
+    yield lab
+    cli("lab", "down", "--name", FAULTS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Converge three fresh hosts, then check what is on them
+
+
+@pytest.fixture(scope="module")
+def first_run(prov_lab: Lab) -> Provisioned:
+    for host in prov_lab.hosts:
+        assert host.package_version("nvidia-open") is None, f"{host.name} is not fresh"
+        host.sudo(
+            f"mkdir -p /etc/docker && echo {shlex.quote(json.dumps(PLANTED))} > /etc/docker/daemon.json"
+        )
+    return provision(PROV)
+
+
+def test_first_run_converges_every_host(prov_lab: Lab, first_run: Provisioned) -> None:
+    assert first_run.exit_code == 0, first_run.explain()
+    assert sorted(first_run.hosts) == sorted(h.name for h in prov_lab.hosts)
+    for name, host in first_run.hosts.items():
+        assert host["status"] == "changed", (name, host)
+        assert (host["failed"], host["unreachable"], host["failure"]) == (0, 0, None)
+        driver = host["roles"]["nvidia_driver_status"]
+        assert (driver["action"], driver["version"], driver["kernel_module"]) == (
+            "installed",
+            DRIVER_VERSION,
+            "open",
+        )
+        assert host["roles"]["nvidia_container_toolkit_status"]["runtime_configured"] in (
+            True,
+            "True",
+            "true",
+        )
+        assert any("runtime configured" in note for note in host["notes"]), host["notes"]
+
+
+def test_driver_and_toolkit_packages_pinned_and_held(prov_lab: Lab, first_run: Provisioned) -> None:
+    assert first_run.exit_code == 0, first_run.explain()
+    for host in prov_lab.hosts:
+        assert (host.package_version("nvidia-open") or "").startswith(f"{DRIVER_VERSION}-")
+        assert host.package_version(f"nvidia-driver-pinning-{DRIVER_BRANCH}") is not None
+        for pkg in TOOLKIT_PACKAGES:
+            assert host.package_version(pkg) == TOOLKIT_VERSION, (host.name, pkg)
+        held = host.holds()
+        missing = (set(DRIVER_PACKAGES) | set(TOOLKIT_PACKAGES)) - held
+        assert not missing, f"{host.name}: not held: {sorted(missing)}"
+
+
+def test_unattended_upgrades_and_nouveau_blacklists(prov_lab: Lab, first_run: Provisioned) -> None:
+    assert first_run.exit_code == 0, first_run.explain()
+    for host in prov_lab.hosts:
+        uu = host.read("/etc/apt/apt.conf.d/51umprov-nvidia-driver")
+        assert "Unattended-Upgrade::Package-Blacklist {" in uu
+        for pattern in ("nvidia-", "libnvidia-", "cuda-"):
+            assert f'"{pattern}";' in uu, (host.name, pattern)
+        nouveau = host.read("/etc/modprobe.d/blacklist-nouveau.conf").splitlines()
+        assert "blacklist nouveau" in nouveau and "options nouveau modeset=0" in nouveau
+
+
+def test_daemon_json_has_runtime_and_keeps_planted_key(
+    prov_lab: Lab, first_run: Provisioned
+) -> None:
+    assert first_run.exit_code == 0, first_run.explain()
+    for host in prov_lab.hosts:
+        daemon = json.loads(host.read("/etc/docker/daemon.json"))
+        assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+        assert daemon["log-opts"] == PLANTED["log-opts"], daemon
+        assert host.check("systemctl is-active docker").strip() == "active"
+        # The running engine loaded the file: the runtime is live, not only on disk.
+        runtimes = host.sudo("docker info --format '{{json .Runtimes}}'")
+        assert "nvidia" in json.loads(runtimes)
+
+
+def test_sources_are_deb822_with_signed_by(prov_lab: Lab, first_run: Provisioned) -> None:
+    assert first_run.exit_code == 0, first_run.explain()
+    for host in prov_lab.hosts:
+        for name, keyring in (
+            ("umprov-nvidia-cuda", "/etc/apt/keyrings/umprov-nvidia-cuda.asc"),
+            (
+                "umprov-nvidia-container-toolkit",
+                "/etc/apt/keyrings/umprov-nvidia-container-toolkit.asc",
+            ),
+        ):
+            source = host.read(f"/etc/apt/sources.list.d/{name}.sources")
+            assert f"Signed-By: {keyring}" in source, source
+            assert "Types: deb" in source
+            assert "BEGIN PGP PUBLIC KEY BLOCK" in host.read(keyring)
+
+
+def test_second_run_changes_nothing(prov_lab: Lab, first_run: Provisioned) -> None:
+    assert first_run.exit_code == 0, first_run.explain()
+    again = provision(PROV)
+    assert again.exit_code == 0, again.explain()
+    for name, host in again.hosts.items():
+        assert host["changed"] == 0, (name, host["changed_tasks"])
+        assert host["status"] == "ok"
+        assert host["roles"]["nvidia_driver_status"]["action"] == "installed"
+
+
+# ---------------------------------------------------------------------------------------------
+# Check mode and faults, on their own lab
+
+
+def test_check_mode_on_a_fresh_host_reports_changes_and_changes_nothing(
+    faults_lab: Lab,
+) -> None:
+    host = faults_lab.hosts[2]
+    before = host.check("ls /etc/apt/sources.list.d; dpkg -l | wc -l")
+    run = provision(FAULTS, "--check", "--limit", host.name)
+    assert run.exit_code == 0, run.explain()
+    result = run.hosts[host.name]
+    assert result["failed"] == 0 and result["failure"] is None, result
+    assert result["changed"] > 0, result
+    assert run.data["check"] is True
+    assert host.check("ls /etc/apt/sources.list.d; dpkg -l | wc -l") == before
+
+
+def test_unsupported_os_stops_in_preflight(faults_lab: Lab) -> None:
+    host = faults_lab.hosts[2]
+    fedora = 'NAME="Fedora Linux"\nID=fedora\nVERSION_ID=40\nPRETTY_NAME="Fedora Linux 40"\n'
+    host.sudo("cp --remove-destination /usr/lib/os-release /root/os-release.orig")
+    host.sudo(f"rm -f /etc/os-release && printf %s {shlex.quote(fedora)} > /etc/os-release")
+    try:
+        before = host.check("ls -A /etc/apt/sources.list.d /etc/apt/keyrings; dpkg -l | wc -l")
+        run = provision(FAULTS, "--limit", host.name)
+        after = host.check("ls -A /etc/apt/sources.list.d /etc/apt/keyrings; dpkg -l | wc -l")
+    finally:
+        host.sudo("rm -f /etc/os-release && ln -s ../usr/lib/os-release /etc/os-release")
+    assert run.exit_code == 10, run.explain()
+    result = run.hosts[host.name]
+    assert result["status"] == "failed"
+    assert "Fedora" in result["failure"], result["failure"]
+    assert "Stop on an unsupported operating system" in result["failure"]
+    assert result["changed"] == 0 and after == before
+
+
+def _stop_after(container: str, seconds: float) -> threading.Thread:
+    def stop() -> None:
+        time.sleep(seconds)
+        subprocess.run(["docker", "stop", "-t", "5", container], capture_output=True, timeout=60)
+
+    thread = threading.Thread(target=stop, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_host_stopped_mid_run_is_named_and_others_converge(faults_lab: Lab) -> None:
+    one, two = faults_lab.hosts[0], faults_lab.hosts[1]
+    stopper = _stop_after(two.container, 12)
+    run = provision(FAULTS, "--limit", f"{one.name},{two.name}")
+    stopper.join(timeout=60)
+    assert run.exit_code in (10, 11), run.explain()
+    stopped = run.hosts[two.name]
+    assert stopped["status"] in ("unreachable", "failed"), stopped
+    assert stopped["failure"], stopped
+    assert run.exit_code == (11 if stopped["status"] == "unreachable" else 10)
+    assert two.name in run.result.stderr  # the summary table names it
+    survivor = run.hosts[one.name]
+    assert (survivor["status"], survivor["failed"], survivor["unreachable"]) == ("changed", 0, 0)
+    assert one.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
+
+
+def test_rerun_completes_stopped_host_waiting_for_the_apt_lock(faults_lab: Lab) -> None:
+    one, two = faults_lab.hosts[0], faults_lab.hosts[1]
+    lab_up(FAULTS, 3)  # starts the stopped container again
+    wait_for_ssh(two)
+    # Another apt client: holds dpkg's frontend lock the way apt does (fcntl), for 20 s.
+    holder = (
+        "import fcntl, time\n"
+        "f = open('/var/lib/dpkg/lock-frontend', 'w')\n"
+        "fcntl.lockf(f, fcntl.LOCK_EX)\n"
+        "open('/run/lock-taken', 'w').write(str(time.time()))\n"
+        "time.sleep(20)\n"
+        "open('/run/lock-released', 'w').write(str(time.time()))\n"
+    )
+    two.sudo("rm -f /run/lock-taken /run/lock-released")
+    two.sudo(f"systemd-run --unit umprov-test-lock --collect python3 -c {shlex.quote(holder)}")
+    deadline = time.monotonic() + 30
+    while not two.exists("/run/lock-taken"):
+        assert time.monotonic() < deadline, "the lock holder did not take the dpkg lock"
+        time.sleep(0.5)
+    log_lines = int(two.sudo("touch /var/log/dpkg.log && wc -l < /var/log/dpkg.log"))
+    run = provision(FAULTS, "--limit", f"{one.name},{two.name}")
+    assert run.exit_code == 0, run.explain()
+    assert run.hosts[two.name]["status"] == "changed"
+    assert run.hosts[one.name]["changed"] == 0, run.hosts[one.name]["changed_tasks"]
+    released = float(two.sudo("cat /run/lock-released"))
+    # dpkg ran on the host during this run, and only after the other process let go of the lock.
+    first_dpkg = two.sudo(
+        f"tail -n +{log_lines + 1} /var/log/dpkg.log | head -1 | cut -d' ' -f1-2"
+    ).strip()
+    assert first_dpkg, "dpkg did not run on the restarted host"
+    first_epoch = int(two.check(f"date -d {shlex.quote(first_dpkg)} +%s"))
+    assert first_epoch >= int(released), (first_dpkg, released)
+    assert two.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
+    assert "nvidia" in json.loads(two.sudo("docker info --format '{{json .Runtimes}}'"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Debian's own driver packages, with an allowed reboot (slow: real packages from deb.debian.org)
+
+
+@pytest.fixture(scope="module")
+def distribution_run(faults_lab: Lab) -> tuple[Provisioned, str, str]:
+    host = faults_lab.hosts[2]
+    before = host.pid1_start()
+    run = provision(
+        FAULTS,
+        "--limit",
+        host.name,
+        "--only",
+        "driver",
+        "-e",
+        "nvidia_driver_source=distribution",
+        "-e",
+        "nvidia_driver_branch=535",
+        "-e",
+        "nvidia_driver_allow_reboot=true",
+        "-e",
+        "nvidia_driver_reboot_when=changed",
+    )
+    wait_for_ssh(host)
+    return run, before, host.pid1_start()
+
+
+def test_distribution_driver_installs_and_reboots(
+    faults_lab: Lab, distribution_run: tuple[Provisioned, str, str]
+) -> None:
+    run, before, after = distribution_run
+    host = faults_lab.hosts[2]
+    assert run.exit_code == 0, run.explain()
+    result = run.hosts[host.name]
+    driver = result["roles"]["nvidia_driver_status"]
+    assert driver["source"] == "distribution" and driver["version"].startswith("535.")
+    assert driver["rebooted"] in (True, "True", "true"), driver
+    assert "Reboot the host into the new NVIDIA driver" in result["changed_tasks"]
+    assert before != after, "PID 1 of the host container did not restart"
+    assert (host.package_version("nvidia-driver") or "").startswith(driver["version"])
+    assert "nvidia-driver" in host.holds()
+    # DKMS knows the module; with no headers for this kernel it has built nothing.
+    assert "nvidia-current" in host.sudo("dkms status 2>&1 || true")
+    source = host.read("/etc/apt/sources.list.d/umprov-debian-non-free.sources")
+    assert "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" in source
+
+
+def test_distribution_driver_second_run_changes_nothing(
+    faults_lab: Lab, distribution_run: tuple[Provisioned, str, str]
+) -> None:
+    host = faults_lab.hosts[2]
+    assert distribution_run[0].exit_code == 0, distribution_run[0].explain()
+    before = host.pid1_start()
+    again = provision(
+        FAULTS,
+        "--limit",
+        host.name,
+        "--only",
+        "driver",
+        "-e",
+        "nvidia_driver_source=distribution",
+        "-e",
+        "nvidia_driver_branch=535",
+        "-e",
+        "nvidia_driver_allow_reboot=true",
+        "-e",
+        "nvidia_driver_reboot_when=changed",
+    )
+    assert again.exit_code == 0, again.explain()
+    assert again.hosts[host.name]["changed"] == 0, again.hosts[host.name]["changed_tasks"]
+    assert host.pid1_start() == before, "rebooted although nothing changed"
+
+
+@pytest.fixture(scope="module")
+def wrong_key_url(faults_lab: Lab) -> str:
+    """A key that did not sign the lab repository, served next to it."""
+    with tempfile.TemporaryDirectory() as home:
+        gpg = ["gpg", "--batch", "--homedir", home, "--pinentry-mode", "loopback"]
+        subprocess.run(
+            [
+                *gpg,
+                "--passphrase",
+                "",
+                "--quick-gen-key",
+                "Not the lab <x@example.invalid>",
+                "ed25519",
+                "sign",
+                "never",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        armored = subprocess.run(
+            [*gpg, "--armor", "--export"], check=True, capture_output=True, timeout=30
+        ).stdout
+    (faults_lab.directory / "repo" / "wrong-key.asc").write_bytes(armored)
+    return f"http://umprov-lab-{FAULTS}-repo:8080/wrong-key.asc"
+
+
+def test_repository_signed_by_another_key_fails_naming_it(
+    faults_lab: Lab, wrong_key_url: str
+) -> None:
+    # Last on this host: its toolkit source stays broken afterwards, and a broken source fails
+    # every later apt update on the host, whichever role runs it.
+    host = faults_lab.hosts[2]
+    run = provision(
+        FAULTS,
+        "--limit",
+        host.name,
+        "--only",
+        "toolkit",
+        "-e",
+        f"nvidia_container_toolkit_repo_key_url={wrong_key_url}",
+    )
+    assert run.exit_code == 10, run.explain()
+    result = run.hosts[host.name]
+    assert result["status"] == "failed"
+    failure = result["failure"] or ""
+    assert "libnvidia-container" in failure, failure
+    assert "NO_PUBKEY" in failure or "not signed" in failure or "GPG" in failure, failure
+    assert host.package_version("nvidia-container-toolkit") is None
