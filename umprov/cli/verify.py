@@ -32,13 +32,23 @@ from umprov.cli._common import emit_json, inventory_argument, json_option, say
 @click.option("--expected-gpus", type=click.IntRange(min=0), metavar="N",
               help="GPUs each host must have (default: the host's umprov_expected_gpus).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              metavar="S", help="Deadline of each test process; a hung GPU fails at it.")
+              metavar="S", help="Deadline of each test process; a hung GPU fails at it "
+              "(--multi-node: of each stage, the rendezvous join included).")
 @click.option("--image", metavar="IMAGE",
               help="Run the agent in a fresh container of IMAGE instead of the deployed one.")
 @click.option("--python", "python", metavar="PATH",
               help="With --local: the Python that has torch (default: this one).")
 @click.option("--trust-new-hosts", is_flag=True,
               help="Record the host keys of hosts never seen before (first contact only).")
+@click.option("--multi-node", "multi_node", is_flag=True,
+              help="One job across the hosts: torchrun per host, c10d rendezvous on the first.")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True,
+              help="With --multi-node: gloo runs the same path on CPU (no GPU needed).")
+@click.option("--rendezvous", metavar="HOST:PORT",
+              help="With --multi-node: the rendezvous endpoint (default: the first host's "
+              "address and umprov_rendezvous_port).")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), metavar="N",
+              help="With --multi-node: ranks per host (default: its GPUs; gloo: 1).")
 @click.option("--all-rows/--problems-only", default=True, show_default=True,
               help="Table rows for every check, or only warnings and failures.")
 @json_option
@@ -56,6 +66,10 @@ def verify(
     image: str | None,
     python: str | None,
     trust_new_hosts: bool,
+    multi_node: bool,
+    backend: str,
+    rendezvous: str | None,
+    nproc_per_node: int | None,
     all_rows: bool,
     as_json: bool,
 ) -> int:
@@ -69,6 +83,7 @@ def verify(
     umprov verify inventory/hosts.yml --quick   every host's deployed container, in parallel
     umprov verify hosts --image nvcr.io/nvidia/pytorch:25.01-py3 --junit verify.xml
     umprov verify hosts --prometheus /var/lib/node_exporter/textfile
+    umprov verify hosts --multi-node            one torchrun job over every host's GPUs
     """
     from umprov.errors import ConfigError
     from umprov.verify import report
@@ -80,6 +95,12 @@ def verify(
         raise ConfigError("--image runs the agent in containers on inventory hosts, not --local")
     if python and not local:
         raise ConfigError("--python applies to --local only")
+    if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"):
+        raise ConfigError("--backend, --rendezvous and --nproc-per-node apply to --multi-node")
+    if multi_node and (local or image or quick or profile_file or profile_name
+                       or expected_gpus is not None):
+        raise ConfigError("--multi-node runs in the deployed containers' image; --local, "
+                          "--image, --quick, --profile* and --expected-gpus do not apply")
     overrides = load_overrides(profile_file) if profile_file else {}
     if profile_name:
         known = resolve(overrides)
@@ -88,7 +109,11 @@ def verify(
                               f"(known: {', '.join(sorted(known))})")
         overrides = {**overrides, "profile": profile_name}
     started = time.monotonic()
-    if local:
+    if multi_node:
+        docs = run_multinode(inventory, limit=limit, backend=backend, rendezvous=rendezvous,
+                             timeout=timeout, nproc_per_node=nproc_per_node,
+                             trust_new=trust_new_hosts)
+    elif local:
         docs = [run_local(quick=quick, timeout=timeout, expected_gpus=expected_gpus,
                           overrides=overrides, python=python)]
     else:
@@ -172,3 +197,19 @@ def run_inventory(inventory: str | None, *, limit: str | None, quick: bool, time
                          profile=overrides or None, trust_new=trust_new)
     with LiveProgress([h.name for h in hosts]) as progress:
         return verify_hosts(hosts, opts, progress=progress)
+
+
+def run_multinode(inventory: str | None, *, limit: str | None, backend: str,
+                  rendezvous: str | None, timeout: float, nproc_per_node: int | None,
+                  trust_new: bool) -> list[dict]:
+    from umprov.cli.deploy import LiveProgress
+    from umprov.inventory import load_inventory
+    from umprov.verify.multinode import MultiNodeOptions, parse_endpoint, verify_multinode
+
+    if rendezvous:
+        parse_endpoint(rendezvous)  # a bad value fails before any host is touched
+    hosts = list(load_inventory(inventory).select(limit))
+    opts = MultiNodeOptions(backend=backend, rendezvous=rendezvous, timeout=timeout,
+                            nproc_per_node=nproc_per_node, trust_new=trust_new)
+    with LiveProgress([h.name for h in hosts]) as progress:
+        return verify_multinode(hosts, opts, progress=progress)

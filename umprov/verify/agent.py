@@ -16,8 +16,10 @@ so one hung GPU cannot hang the run. Children append JSON lines (a start marker 
 check, then its record) to a file, so a killed child still leaves the checks it finished and
 names the one that hung. Order: ``discover`` (versions, devices), then one ``gpu`` child per
 GPU plus the ``alloc`` child (cudaMallocAsync backend) in parallel, then one ``nccl`` child per
-GPU (a process group over loopback). Timed host-link transfers of the per-GPU children take a
-file lock, so GPUs measured in parallel do not share the host's memory bandwidth while timed.
+GPU (a process group over loopback). Across hosts, torchrun starts ``--child multinode`` once
+per GPU of every host (umprov/verify/multinode.py drives it). Timed host-link transfers of the
+per-GPU children take a file lock, so GPUs measured in parallel do not share the host's memory
+bandwidth while timed.
 
 Safety: NVLink multicast stays off in every child (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set where absent); managed
@@ -1877,6 +1879,127 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
         dist.destroy_process_group()
 
 
+# ---------------------------------------------------------------------------------------------
+# Multi-node: one worker per rank, started by torchrun on every host (umprov/verify/multinode.py)
+
+
+def net_info(target: str | None) -> dict:
+    """This network namespace's IPv4 addresses, and the one (with its interface) that routes to
+    ``target`` (a UDP connect sends nothing). Used to pick rendezvous and local addresses."""
+    import fcntl
+    import struct
+
+    addrs: dict[str, str] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _idx, ifname in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                raw = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                  struct.pack("256s", ifname[:15].encode()))
+                addrs[ifname] = socket.inet_ntoa(raw[20:24])
+    route: dict[str, Any] = {"ip": None, "ifname": None}
+    probe = target or "192.0.2.1"  # TEST-NET-1: any route out, default route first
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((probe, 9))
+        ip = s.getsockname()[0]
+        route = {"ip": ip, "ifname": next((n for n, a in addrs.items() if a == ip), None)}
+    loopback_only = route["ip"] is not None and route["ip"].startswith("127.")
+    if route["ip"] is None or (loopback_only and not (target or "").startswith("127.")):
+        outside = [(n, a) for n, a in addrs.items() if not a.startswith("127.")]
+        if outside:
+            route = {"ip": outside[0][1], "ifname": outside[0][0]}
+    return {"addresses": addrs, "route": route, "hostname": socket.gethostname()}
+
+
+def child_multinode(em: Emitter, opts: dict) -> None:
+    """One rank of the multi-node job: torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK, ...) says
+    who it is. Events, not records: the controller judges (it knows the inventory)."""
+    import datetime
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    node = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
+    backend = opts.get("backend", "nccl")
+    cpu = backend == "gloo"
+    em.event("started", rank=rank, world=world, local_rank=local, node=node,
+             host=socket.gethostname(), master=os.environ.get("MASTER_ADDR"), at=time.time())
+    import torch
+    import torch.distributed as dist
+
+    if not cpu:
+        torch.cuda.set_device(local)
+    device = torch.device("cpu") if cpu else torch.device("cuda", local)
+    em.start("multinode.init", "host")
+    t0 = time.perf_counter()
+    kw: dict[str, Any] = {"backend": backend,
+                          "timeout": datetime.timedelta(seconds=float(opts["timeout"]))}
+    if not cpu:
+        kw["device_id"] = device
+    try:
+        dist.init_process_group(**kw)
+    except TypeError:
+        kw.pop("device_id", None)
+        dist.init_process_group(**kw)
+    dist.barrier()
+    em.event("joined", init_s=round(time.perf_counter() - t0, 3), torch=torch.__version__,
+             at=time.time(),
+             nccl=".".join(str(x) for x in torch.cuda.nccl.version()) if not cpu else None)
+
+    def sync() -> None:
+        if not cpu:
+            torch.cuda.synchronize()
+
+    def agree(bad: int) -> int:
+        t = torch.tensor([bad], dtype=torch.int64, device=device)
+        dist.all_reduce(t)
+        return int(t.item())
+
+    n = int(opts.get("elements", 4 * MiB))
+    idx = torch.arange(n, device=device)
+    t1 = time.perf_counter()
+    # all_reduce: each rank adds (i % 1024) * w(rank); the exact sum is known (f32-exact ints)
+    em.start("multinode.all_reduce", "host")
+    weights = [(r % 3) + 1 for r in range(world)]
+    x = ((idx % 1024) * weights[rank]).float()
+    dist.all_reduce(x)
+    bad = agree(int((x != ((idx % 1024) * sum(weights)).float()).sum()))
+    em.event("check", check="multinode.all_reduce", wrong=bad, elements=n, world=world)
+    # all_gather: rank r contributes (i % 251) + 1000 r; every rank checks all pieces
+    em.start("multinode.all_gather", "host")
+    chunk = max(1, n // 4)
+    mine = (idx[:chunk] % 251 + rank * 1000).float()
+    parts = [torch.empty(chunk, device=device) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    wrong = sum(int((p != (idx[:chunk] % 251 + r * 1000).float()).sum())
+                for r, p in enumerate(parts))
+    bad = agree(wrong)
+    em.event("check", check="multinode.all_gather", wrong=bad, elements=chunk, world=world)
+    # bus bandwidth: all_reduce of one large buffer (nccl-tests' busbw = algbw * 2(n-1)/n)
+    em.start("multinode.busbw", "host")
+    nbytes = int(opts.get("busbw_bytes", GiB))
+    buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    reps = int(opts.get("reps", 5))
+    for _ in range(2):
+        dist.all_reduce(buf)
+    sync()
+    dist.barrier()
+    t2 = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(buf)
+    sync()
+    secs = (time.perf_counter() - t2) / reps
+    tt = torch.tensor([secs], dtype=torch.float64, device=device)
+    dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+    secs = float(tt.item())
+    algbw = nbytes / secs / 1e9
+    em.event("busbw", bytes=nbytes, reps=reps, seconds=round(secs, 6), algbw=round(algbw, 4),
+             busbw=round(algbw * 2 * (world - 1) / world, 4) if world > 1 else None)
+    em.event("collectives", seconds=round(time.perf_counter() - t1, 3), at=time.time())
+    em.done()
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
 def ddp_prepare(torch: Any, device: Any, rank: int, cpu: bool) -> dict:
     nn = torch.nn
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -2359,6 +2482,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--device", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--net-info", nargs="?", const="", metavar="TARGET", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -2367,7 +2491,10 @@ def child_main(args: argparse.Namespace) -> int:
         opts = json.load(fh)
     kind = args.child
     name = {"gpu": f"gpu{args.device}", "nccl": f"nccl{args.rank}"}.get(kind, kind)
-    em = Emitter(args.child_out, name)
+    out = args.child_out
+    if kind == "multinode":  # one file per rank: torchrun starts them all with the same argv
+        out = f"{out}.{os.environ.get('RANK', '0')}"
+    em = Emitter(out, name)
     try:
         if kind == "discover":
             child_discover(em, opts)
@@ -2375,6 +2502,8 @@ def child_main(args: argparse.Namespace) -> int:
             child_gpu(em, opts, int(args.device))
         elif kind == "nccl":
             child_nccl(em, opts, int(args.rank))
+        elif kind == "multinode":
+            child_multinode(em, opts)
         else:
             raise ValueError(f"unknown child {kind}")
     except Exception:
@@ -2392,6 +2521,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(args)
+    if args.net_info is not None:
+        print(json.dumps(net_info(args.net_info or None)))
+        return 0
     if args.list_profiles:
         print(json.dumps(BUILTIN_PROFILES, indent=2))
         return 0
