@@ -1,13 +1,18 @@
-"""Live progress for provisioning: a rich table per host on a TTY, plain lines otherwise."""
+"""Live progress on stderr: a rich table per host on a TTY, plain lines otherwise.
+
+ProvisionProgress consumes ansible-runner events; HostProgress takes one status line per host
+(deploy, verify)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import click
 
-from umprov.cli._common import stderr_is_tty
+from umprov.cli._common import say, stderr_console, stderr_is_tty
 
 
 class ProvisionProgress:
@@ -69,3 +74,50 @@ class ProvisionProgress:
                     )
         if self.live is not None:
             self.live.update(self._table())
+
+
+class HostProgress:
+    """Per-host progress on stderr: a live rich table on a TTY, throttled lines otherwise."""
+
+    def __init__(self, hosts: list[str]) -> None:
+        self.hosts = hosts
+        self.state = dict.fromkeys(hosts, "waiting")
+        self.lock = threading.Lock()
+        self.last_line: dict[str, float] = {}
+        self.live: Any = None
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(show_header=True, header_style="bold", box=None)
+        table.add_column("host")
+        table.add_column("progress")
+        for host in self.hosts:
+            table.add_row(host, self.state[host])
+        return table
+
+    def __enter__(self) -> HostProgress:
+        if stderr_is_tty():
+            from rich.live import Live
+
+            self.live = Live(self._table(), console=stderr_console(), refresh_per_second=4,
+                             transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def __call__(self, host: str, message: str) -> None:
+        with self.lock:
+            self.state[host] = message
+            if self.live is not None:
+                self.live.update(self._table())
+                return
+            # Plain output: push progress at most every 10 s per host, everything else at once.
+            now = time.monotonic()
+            if "MB (" in message and now - self.last_line.get(host, 0.0) < 10:
+                return
+            self.last_line[host] = now
+        say(f"{host}: {message}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,56 +14,7 @@ from umprov.cli._common import (
     json_option,
     print_table,
     say,
-    stderr_console,
-    stderr_is_tty,
 )
-
-
-class LiveProgress:
-    """Per-host progress on stderr: a live rich table on a TTY, throttled lines otherwise."""
-
-    def __init__(self, hosts: list[str]) -> None:
-        self.hosts = hosts
-        self.state = dict.fromkeys(hosts, "waiting")
-        self.lock = threading.Lock()
-        self.last_line: dict[str, float] = {}
-        self.live: Any = None
-
-    def _table(self) -> Any:
-        from rich.table import Table
-
-        table = Table(show_header=True, header_style="bold", box=None)
-        table.add_column("host")
-        table.add_column("progress")
-        for host in self.hosts:
-            table.add_row(host, self.state[host])
-        return table
-
-    def __enter__(self) -> LiveProgress:
-        if stderr_is_tty():
-            from rich.live import Live
-
-            self.live = Live(self._table(), console=stderr_console(), refresh_per_second=4,
-                             transient=True)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(*exc)
-
-    def __call__(self, host: str, message: str) -> None:
-        with self.lock:
-            self.state[host] = message
-            if self.live is not None:
-                self.live.update(self._table())
-                return
-            # Plain output: push progress at most every 10 s per host, everything else at once.
-            now = time.monotonic()
-            if "MB (" in message and now - self.last_line.get(host, 0.0) < 10:
-                return
-            self.last_line[host] = now
-        say(f"{host}: {message}")
 
 
 @click.command()
@@ -162,10 +112,11 @@ def deploy(
 
         local_client = docker_engine(start=False)
 
+    from umprov.cli._progress import HostProgress
     from umprov.deploy import deploy as run_deploy
 
     started = time.monotonic()
-    with LiveProgress([h.name for h in hosts]) as progress:
+    with HostProgress([h.name for h in hosts]) as progress:
         results = run_deploy(hosts, opts, progress=progress, local_client=local_client)
     elapsed = time.monotonic() - started
     code = exit_code(results)

@@ -188,21 +188,21 @@ def run_local(*, quick: bool, timeout: float, expected_gpus: int | None,
 def run_inventory(inventory: str | None, *, limit: str | None, quick: bool, timeout: float,
                   expected_gpus: int | None, overrides: dict[str, Any], image: str | None,
                   trust_new: bool) -> list[dict]:
-    from umprov.cli.deploy import LiveProgress
+    from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
     from umprov.verify.remote import VerifyOptions, verify_hosts
 
     hosts = list(load_inventory(inventory).select(limit))
     opts = VerifyOptions(quick=quick, timeout=timeout, expected_gpus=expected_gpus, image=image,
                          profile=overrides or None, trust_new=trust_new)
-    with LiveProgress([h.name for h in hosts]) as progress:
+    with HostProgress([h.name for h in hosts]) as progress:
         return verify_hosts(hosts, opts, progress=progress)
 
 
 def run_multinode(inventory: str | None, *, limit: str | None, backend: str,
                   rendezvous: str | None, timeout: float, nproc_per_node: int | None,
                   trust_new: bool) -> list[dict]:
-    from umprov.cli.deploy import LiveProgress
+    from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
     from umprov.verify.multinode import MultiNodeOptions, parse_endpoint, verify_multinode
 
@@ -211,5 +211,5 @@ def run_multinode(inventory: str | None, *, limit: str | None, backend: str,
     hosts = list(load_inventory(inventory).select(limit))
     opts = MultiNodeOptions(backend=backend, rendezvous=rendezvous, timeout=timeout,
                             nproc_per_node=nproc_per_node, trust_new=trust_new)
-    with LiveProgress([h.name for h in hosts]) as progress:
+    with HostProgress([h.name for h in hosts]) as progress:
         return verify_multinode(hosts, opts, progress=progress)
