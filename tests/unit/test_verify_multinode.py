@@ -390,3 +390,11 @@ def test_rendezvous_address_from_the_first_host() -> None:
     real = multinode._Host(_H("a", "10.0.0.5", umprov_rendezvous_port=29123))
     assert multinode._rendezvous([real], MultiNodeOptions()) == "10.0.0.5:29123"
     assert multinode._rendezvous([real], MultiNodeOptions(rendezvous="head:1")) == "head:1"
+
+
+def test_hosts_is_an_alias_of_limit():
+    """Issue 6 names the option --hosts PATTERN; it selects like --limit."""
+    from umprov.cli.verify import verify
+
+    limit = next(p for p in verify.params if p.name == "limit")
+    assert {"--limit", "-l", "--hosts"} <= set(limit.opts)

@@ -20,7 +20,8 @@ from umprov.cli._common import emit_json, inventory_argument, json_option, say
 @inventory_argument
 @click.option("--local", is_flag=True, help="Verify this machine (runs the agent here).")
 @click.option("--quick", is_flag=True, help="The fast subset: seconds, no bandwidth verdicts.")
-@click.option("--limit", "-l", metavar="PATTERN", help="Only hosts or groups matching.")
+@click.option("--limit", "-l", "--hosts", "limit", metavar="PATTERN",
+              help="Only hosts or groups matching (--hosts is the same).")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Also write a JUnit XML report.")
 @click.option("--prometheus", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
