@@ -89,7 +89,10 @@ def parse_gpus(value: str) -> str | list[str]:
     if not items:
         raise ConfigError("--gpus is empty: use all, none, or a list such as 0,1")
     for item in items:
-        if not (item.isdigit() or re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z-]+", item)):
+        if not (
+            (item.isascii() and item.isdigit() and len(item) <= 4)
+            or re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z-]+", item, re.ASCII)
+        ):
             raise ConfigError(
                 f"--gpus: '{item}' is not a GPU index or UUID (use all, none, or e.g. 0,1)"
             )
@@ -99,13 +102,46 @@ def parse_gpus(value: str) -> str | list[str]:
 
 
 def check_port(value: Any, what: str) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{what} must be a port number, not {value!r}")
     try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a port number, not {value!r}") from None
+        port = int(value.strip() if isinstance(value, str) else value)
+        if isinstance(value, str) and not (value.strip().isascii() and len(value) < 20):
+            raise ValueError(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{what} must be a port number, not {value!r:.40}") from None
     if not 1 <= port <= 65535:
-        raise ConfigError(f"{what} must be from 1 to 65535, not {port}")
+        shown = port if abs(port) < 10**20 else "a larger number"
+        raise ConfigError(f"{what} must be from 1 to 65535, not {shown}")
     return port
+
+
+# Docker's image reference grammar (distribution/reference): [domain[:port]/]path[:tag][@digest].
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"(?::[0-9]+)?"
+)
+_IMAGE_REF = re.compile(
+    rf"(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
+    re.ASCII,
+)
+
+
+def check_image(value: str, what: str = "--image") -> str:
+    """An image reference Docker accepts (name[:tag][@digest]) or an image ID (sha256:...)."""
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(f"{what} is empty: give an image such as umprov/pytorch-cuda:0.1.0")
+    if len(text) > 512 or not (
+        _IMAGE_REF.fullmatch(text) or re.fullmatch(r"sha256:[0-9a-f]{64}", text)
+    ):
+        raise ConfigError(
+            f"{what}: {text[:80]!r} is not an image reference (e.g. umprov/pytorch-cuda:0.1.0)"
+        )
+    return text
 
 
 def check_bind(value: str) -> str:
@@ -180,6 +216,8 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     image = opts.image or hv.get("umprov_image")
     if not image:
         raise ConfigError(f"{host.name}: no image: pass --image or set umprov_image")
+    if not (isinstance(image, str) and "{{" in image):
+        check_image(image, "--image" if opts.image else f"{host.name}: umprov_image")
     ssh_port = check_port(
         opts.ssh_port or hv.get("umprov_ssh_port") or DEFAULT_SSH_PORT, "--ssh-port"
     )

@@ -14,6 +14,7 @@ import configparser
 import contextlib
 import difflib
 import io
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -48,7 +49,11 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
 # Prefixes that mark a variable as umprov's: umprov_ plus each role's name.
 UMPROV_PREFIX = "umprov_"
 
+# Integers past this are refused: Python will not even print one of more than 4300 digits.
+_MAX_INT = 2**64
+
 _CAUSE = re.compile(r"<<< caused by >>>\s*\n\s*\n(?P<msg>[^\n]+)(?:\nOrigin: (?P<origin>[^\n]+))?")
+_CLASS = re.compile(r"<class '(?:[\w.]+\.)?(?:_AnsibleTagged)?(\w+)'>")
 _TEMPLATE = "{{"
 
 
@@ -203,6 +208,22 @@ def umprov_prefixes(specs: Mapping[str, VarSpec]) -> tuple[str, ...]:
     return (UMPROV_PREFIX, *sorted(f"{r}_" for r in roles))
 
 
+def _is_ascii_number(text: str) -> bool:
+    """Digits 0-9 only ('²' and other Unicode digits are not numbers to int())."""
+    return text.isascii() and text.isdigit() and len(text) <= 20
+
+
+def _too_big(value: Any) -> bool:
+    """An integer (anywhere inside value) too large to be a real setting, or to print."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -_MAX_INT < value < _MAX_INT
+    if isinstance(value, Mapping):
+        return any(_too_big(k) or _too_big(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_too_big(v) for v in value)
+    return False
+
+
 def _type_ok(value: Any, typ: str) -> bool:
     if isinstance(value, str) and _TEMPLATE in value:
         return True  # resolved by Ansible at run time
@@ -211,14 +232,16 @@ def _type_ok(value: Any, typ: str) -> bool:
             return (
                 isinstance(value, int)
                 and not isinstance(value, bool)
-                or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+                or (isinstance(value, str) and _is_ascii_number(value.strip().lstrip("-")))
             )
         case "float":
+            if isinstance(value, bool | int):
+                return not isinstance(value, bool)
             try:
-                float(value)
-            except (TypeError, ValueError):
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
                 return False
-            return not isinstance(value, bool)
+            return math.isfinite(number)
         case "bool":
             return isinstance(value, bool) or str(value).lower() in {
                 "yes",
@@ -297,9 +320,14 @@ def _parse_with_ansible(path: Path) -> tuple[Any, Any]:
                 last = causes[-1]
                 where = last.group("origin") or str(path)
                 where = where if where.startswith(str(path).split(":")[0]) else f"{path}"
-                raise InventoryError(f"{where}: {last.group('msg').strip()}") from None
-            raise InventoryError(f"{path}: {str(exc).splitlines()[0]}") from None
+                raise InventoryError(f"{where}: {_types(last.group('msg').strip())}") from None
+            raise InventoryError(f"{path}: {_types(str(exc).splitlines()[0])}") from None
     return manager, variables
+
+
+def _types(message: str) -> str:
+    """"<class 'ansible...._AnsibleTaggedList'>" in Ansible's messages becomes "list"."""
+    return _CLASS.sub(lambda m: m.group(1).lower(), message)
 
 
 def _raise_yaml_syntax_error(path: Path) -> None:
@@ -318,6 +346,8 @@ def _raise_yaml_syntax_error(path: Path) -> None:
             raise InventoryError(f"{where}: YAML syntax error: {exc.problem}") from None
         except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
             raise InventoryError(f"{file}: cannot read: {exc}") from None
+        except ValueError:  # valid YAML PyYAML cannot build (a huge integer): Ansible's word
+            continue
 
 
 def load_inventory(source: str | None, *, roles_dir: Path | None = None) -> Inventory:
@@ -351,9 +381,19 @@ def _to_host(
 ) -> Host:
     name = str(ans_host.name)
     raw_address = all_vars.get("ansible_host", name)
+    if isinstance(raw_address, bool | Mapping | list | tuple) or _too_big(raw_address):
+        raise InventoryError(
+            f"{_where(raw_address, path)}: host '{name}' has address {_short(raw_address)}, "
+            "expected a host name or IP address"
+        )
     address = "" if raw_address is None else str(raw_address).strip()
     if not address:
         raise InventoryError(f"{_where(raw_address, path)}: host '{name}' has an empty address")
+    if any(c.isspace() or not c.isprintable() for c in address):
+        raise InventoryError(
+            f"{_where(raw_address, path)}: host '{name}' has address {address!r}, which holds "
+            "spaces or control characters"
+        )
     raw_port = all_vars.get("ansible_port", all_vars.get("ansible_ssh_port", 22))
     port = _port(raw_port, name, path)
     umprov_vars: dict[str, Any] = {}
@@ -363,6 +403,11 @@ def _to_host(
         if not key.startswith(prefixes):
             continue
         spec = specs.get(key)
+        if _too_big(value):
+            raise InventoryError(
+                f"{_where(value, path)}: variable '{key}' on host '{name}' holds a number too "
+                f"large ({_short(value)})"
+            )
         if spec is None:
             hint = difflib.get_close_matches(key, list(specs), n=1)
             suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
@@ -371,9 +416,10 @@ def _to_host(
                 f"{suggestion}"
             )
         if not _type_ok(value, spec.type):
+            typ = spec.type + (" (finite)" if spec.type == "float" else "")
             raise InventoryError(
                 f"{_where(value, path)}: variable '{key}' on host '{name}' must be of type "
-                f"{spec.type}, not {type(value).__name__.removeprefix('_AnsibleTagged').lower()} "
+                f"{typ}, not {type(value).__name__.removeprefix('_AnsibleTagged').lower()} "
                 f"({_short(value)})"
             )
         if (
@@ -390,6 +436,12 @@ def _to_host(
     key_file = all_vars.get(
         "ansible_ssh_private_key_file", all_vars.get("ansible_private_key_file")
     )
+    for what, value in (("user", user), ("key file", key_file)):
+        if isinstance(value, bool | Mapping | list | tuple) or _too_big(value):
+            raise InventoryError(
+                f"{_where(value, path)}: host '{name}' has {what} {_short(value)}, "
+                "expected a string"
+            )
     known = umprov_vars.get("umprov_known_hosts")
     if key_file and not Path(str(key_file)).is_absolute():
         key_file = str((path if path.is_dir() else path.parent) / str(key_file))
@@ -408,8 +460,8 @@ def _to_host(
 def _port(raw: Any, name: str, path: Path) -> int:
     if isinstance(raw, bool):
         raise InventoryError(f"{_where(raw, path)}: host '{name}' has port {raw!r}, not a number")
-    text = str(raw).strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    text = "0" if _too_big(raw) else str(raw).strip()
+    if not _is_ascii_number(text) or not 1 <= int(text) <= 65535:
         raise InventoryError(
             f"{_where(raw, path)}: host '{name}' has port '{_short(raw)}', "
             "expected a number from 1 to 65535"
@@ -446,6 +498,11 @@ def _plain(value: Any) -> Any:
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    text = str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and _too_big(value):
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = str(value)
+    except ValueError:  # a huge integer inside a list or mapping
+        text = f"a {type(value).__name__.removeprefix('_AnsibleTagged').lower()}"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -183,17 +183,19 @@ def _note(fact: str, status: dict[str, Any]) -> str:
 
 def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
     """-e KEY=VALUE pairs; values parsed as YAML scalars (true, 3, [a, b]) like Ansible does."""
+    import keyword
+
     import yaml
 
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
-        if not sep or not key.isidentifier():
-            raise ConfigError(f"-e {pair!r}: expected KEY=VALUE with KEY a variable name")
+        if not sep or not (key.isascii() and key.isidentifier()) or keyword.iskeyword(key):
+            raise ConfigError(f"-e {pair!r:.80}: expected KEY=VALUE with KEY a variable name")
         try:
             out[key] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, RecursionError):  # not YAML, or a number too long
             out[key] = value
     return out
 

@@ -129,8 +129,14 @@ def run(args: list[str] | None = None) -> int:
     except click.Abort:
         click.echo("umprov: interrupted", err=True)
         return ExitCode.INTERRUPTED
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:  # a bare group: its help, as Click does
         exc.show()
+        return exc.exit_code
+    except click.ClickException as exc:  # bad command line: one line, like every other error
+        hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = f" (see '{exc.ctx.command_path} --help')"
+        click.echo(f"umprov: error: {' '.join(exc.format_message().split())}{hint}", err=True)
         return exc.exit_code
     except UmprovError as exc:
         click.echo(f"umprov: error: {exc}", err=True)

@@ -71,6 +71,7 @@ def deploy(
     from umprov.deploy import (
         DeployOptions,
         check_bind,
+        check_image,
         check_port,
         check_public_key,
         default_public_key,
@@ -80,6 +81,8 @@ def deploy(
     from umprov.inventory import load_inventory
 
     # Validate what can be validated before touching any host.
+    if image is not None:
+        check_image(image)
     if gpus is not None:
         parse_gpus(gpus)
     if ssh_port is not None:

@@ -208,10 +208,10 @@ def merge_profiles(base: dict[str, dict], overrides: dict[str, Any]) -> dict[str
         unknown = set(spec) - {"description", "match", "expect", "ratios", "limits",
                                "warn_only", "base"}
         if unknown:
-            raise ValueError(f"profile {name}: unknown key {sorted(unknown)[0]!r}")
+            raise ValueError(f"profile {name}: unknown key {_show(sorted(unknown, key=str)[0])}")
         base_name = spec.get("base", name if name in out else "generic")
-        if base_name not in out:
-            raise ValueError(f"profile {name}: base profile {base_name!r} does not exist")
+        if not isinstance(base_name, str) or base_name not in out:
+            raise ValueError(f"profile {name}: base profile {_show(base_name)} does not exist")
         prof = copy.deepcopy(out[base_name])
         prof["name"] = name
         if "description" in spec:
@@ -226,14 +226,25 @@ def merge_profiles(base: dict[str, dict], overrides: dict[str, Any]) -> dict[str
             prof["ratios"].update(_check_ratios(name, spec["ratios"]))
         if "warn_only" in spec:
             wo = spec["warn_only"]
-            if not isinstance(wo, list) or any(k not in METRICS for k in wo):
+            if not isinstance(wo, list) or any(not isinstance(k, str) or k not in METRICS
+                                               for k in wo):
                 raise ValueError(f"profile {name}: warn_only must list metric names")
             prof["warn_only"] = list(wo)
         out[name] = prof
     forced = overrides.get("profile")
-    if forced is not None and forced not in out:
-        raise ValueError(f"profile {forced!r} does not exist (known: {', '.join(sorted(out))})")
+    if forced is not None and (not isinstance(forced, str) or forced not in out):
+        raise ValueError(f"profile {_show(forced)} does not exist "
+                         f"(known: {', '.join(sorted(out))})")
     return out
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """repr() for one-line messages: shortened, and safe for integers too long to print."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_match(name: str, value: Any) -> list[str]:
@@ -244,8 +255,8 @@ def _check_match(name: str, value: Any) -> list[str]:
     for pattern in value:
         try:
             re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"profile {name}: match {pattern!r}: {exc}") from None
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise ValueError(f"profile {name}: match {_show(pattern)}: {exc}") from None
     return list(value)
 
 
@@ -257,12 +268,19 @@ def _check_numbers(name: str, section: str, value: Any, known: dict) -> dict[str
         if key not in known:
             close = [k for k in known if k.split("_")[0] == str(key).split("_")[0]]
             tip = f" (did you mean {close[0]}?)" if close else ""
-            raise ValueError(f"profile {name}: unknown {section} key {key!r}{tip}")
+            raise ValueError(f"profile {name}: unknown {section} key {_show(key)}{tip}")
         if num is None:
             out[key] = None  # type: ignore[assignment]  # null removes an expectation
             continue
-        if isinstance(num, bool) or not isinstance(num, (int, float)) or num < 0:
-            raise ValueError(f"profile {name}: {section}.{key} must be a number >= 0")
+        try:
+            ok = not isinstance(num, bool) and isinstance(num, (int, float)) and num >= 0
+            ok = ok and math.isfinite(float(num))
+        except OverflowError:  # an integer too large for a float
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"profile {name}: {section}.{key} must be a number >= 0, and finite"
+            )
         out[key] = float(num)
     return out
 
@@ -273,7 +291,7 @@ def _check_ratios(name: str, value: Any) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for key, pair in value.items():
         if key != "default" and key not in METRICS:
-            raise ValueError(f"profile {name}: unknown ratios key {key!r}")
+            raise ValueError(f"profile {name}: unknown ratios key {_show(key)}")
         if (
             not isinstance(pair, (list, tuple))
             or len(pair) != 2

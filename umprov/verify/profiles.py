@@ -57,12 +57,16 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"profile file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"profile file {path}: not UTF-8 text") from None
     try:
         data = yaml.safe_load(text)  # JSON is YAML too
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"profile file {path}:{where} not valid YAML") from None
+    except (ValueError, RecursionError) as exc:  # a number too long to build; nesting too deep
+        raise ConfigError(f"profile file {path}: cannot load: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -70,7 +74,7 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
                           "'profile'")
     unknown = set(data) - {"profiles", "profile"}
     if unknown:
-        raise ConfigError(f"profile file {path}: unknown key {sorted(unknown)[0]!r} "
+        raise ConfigError(f"profile file {path}: unknown key {sorted(unknown, key=str)[0]!r:.60} "
                           "(expected 'profiles' and/or 'profile')")
     try:
         merge_profiles(BUILTIN_PROFILES, data)
