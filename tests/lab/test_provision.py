@@ -360,25 +360,21 @@ def test_rerun_completes_stopped_host_waiting_for_the_apt_lock(faults_lab: Lab) 
 # Debian's own driver packages, with an allowed reboot (slow: real packages from deb.debian.org)
 
 
+# Debian's own 535 driver, with a reboot allowed when the driver changed.
+DISTRIBUTION_DRIVER = (
+    "--only", "driver",
+    "-e", "nvidia_driver_source=distribution",
+    "-e", "nvidia_driver_branch=535",
+    "-e", "nvidia_driver_allow_reboot=true",
+    "-e", "nvidia_driver_reboot_when=changed",
+)
+
+
 @pytest.fixture(scope="module")
 def distribution_run(faults_lab: Lab) -> tuple[Provisioned, str, str]:
     host = faults_lab.hosts[2]
     before = host.pid1_start()
-    run = provision(
-        FAULTS,
-        "--limit",
-        host.name,
-        "--only",
-        "driver",
-        "-e",
-        "nvidia_driver_source=distribution",
-        "-e",
-        "nvidia_driver_branch=535",
-        "-e",
-        "nvidia_driver_allow_reboot=true",
-        "-e",
-        "nvidia_driver_reboot_when=changed",
-    )
+    run = provision(FAULTS, "--limit", host.name, *DISTRIBUTION_DRIVER)
     wait_for_ssh(host)
     return run, before, host.pid1_start()
 
@@ -409,21 +405,7 @@ def test_distribution_driver_second_run_changes_nothing(
     host = faults_lab.hosts[2]
     assert distribution_run[0].exit_code == 0, distribution_run[0].explain()
     before = host.pid1_start()
-    again = provision(
-        FAULTS,
-        "--limit",
-        host.name,
-        "--only",
-        "driver",
-        "-e",
-        "nvidia_driver_source=distribution",
-        "-e",
-        "nvidia_driver_branch=535",
-        "-e",
-        "nvidia_driver_allow_reboot=true",
-        "-e",
-        "nvidia_driver_reboot_when=changed",
-    )
+    again = provision(FAULTS, "--limit", host.name, *DISTRIBUTION_DRIVER)
     assert again.exit_code == 0, again.explain()
     assert again.hosts[host.name]["changed"] == 0, again.hosts[host.name]["changed_tasks"]
     assert host.pid1_start() == before, "rebooted although nothing changed"
