@@ -290,7 +290,7 @@ def test_unsupported_os_stops_in_preflight(faults_lab: Lab) -> None:
     result = run.hosts[host.name]
     assert result["status"] == "failed"
     assert "Fedora" in result["failure"], result["failure"]
-    assert "Stop on an unsupported operating system" in result["failure"]
+    assert "Unsupported OS" in result["failure"] and "Nothing was changed" in result["failure"]
     assert result["changed"] == 0 and after == before
 
 
@@ -460,3 +460,22 @@ def test_repository_signed_by_another_key_fails_naming_it(
     assert "libnvidia-container" in failure, failure
     assert "NO_PUBKEY" in failure or "not signed" in failure or "GPG" in failure, failure
     assert host.package_version("nvidia-container-toolkit") is None
+
+
+def test_run_with_the_key_fixed_repairs_the_broken_source(
+    faults_lab: Lab, wrong_key_url: str
+) -> None:
+    # The host keeps the toolkit source signed by the wrong key from the test above, so a full
+    # apt-get update fails on it. The whole site.yml must still get through the driver and Docker
+    # roles (which fetch only their own sources) to the toolkit role, which fixes the key.
+    host = faults_lab.hosts[2]
+    assert host.package_version("nvidia-container-toolkit") is None
+    full_update = host.sudo("apt-get update -q >/dev/null 2>&1; echo $?").strip()
+    assert full_update != "0", "the planted broken source should fail a full apt-get update"
+    run = provision(
+        FAULTS, "--limit", host.name,
+        "-e", "nvidia_driver_source=distribution", "-e", "nvidia_driver_branch=535",
+    )
+    assert run.exit_code == 0, run.explain()
+    assert host.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
+    assert host.sudo("apt-get update -q >/dev/null 2>&1; echo $?").strip() == "0"

@@ -34,6 +34,27 @@ options:
     description: Seconds nvidia-smi and mokutil may take before they count as not answering.
     type: int
     default: 30
+  os_supported:
+    description: Whether the controller found the host's OS among the supported ones.
+    type: bool
+    default: true
+  os_message:
+    description: What to say when the OS is not supported.
+    type: str
+    default: ""
+  fail_on_unsupported_os:
+    description: Fail (before gathering anything) on an unsupported OS; otherwise warn.
+    type: bool
+    default: true
+  unknown_variables:
+    description: Inventory variables with a role prefix that no role defines (typos).
+    type: list
+    elements: str
+    default: []
+  fail_on_unknown_variables:
+    description: Fail on unknown variables; otherwise warn.
+    type: bool
+    default: true
 author: umprov
 """
 
@@ -56,6 +77,12 @@ kernel:
   returned: always
 driver:
   description: installed NVIDIA driver, whether it answers, and who manages it.
+  type: dict
+  returned: always
+summary:
+  description: >-
+    What the roles after the preflight read: gpu_count, gpu_present, gpu_generations,
+    open_module (none, supported, required, unsupported, conflict), kernel_headers_missing.
   type: dict
   returned: always
 """
@@ -293,6 +320,48 @@ def driver_facts(module, extra_paths, patterns, timeout):
     }
 
 
+def open_module_mode(gpus):
+    """One kernel module flavour for every GPU of the host, or 'conflict'."""
+    modes = {gpu["open_module"] for gpu in gpus}
+    if not modes:
+        return "none"
+    if "required" in modes and "unsupported" in modes:
+        return "conflict"
+    for mode in ("required", "unsupported"):
+        if mode in modes:
+            return mode
+    return "supported"
+
+
+def check_inputs(module):
+    """Stop (or warn) on an unsupported OS or misspelt role variables, before any probe."""
+    params = module.params
+    problems = []
+    if not params["os_supported"]:
+        text = params["os_message"] or "Unsupported operating system."
+        if params["fail_on_unsupported_os"]:
+            problems.append(
+                "%s Nothing was changed on this host. "
+                "(gpu_preflight_fail_on_unsupported_os=false turns this into a warning.)" % text
+            )
+        else:
+            module.warn("%s Continuing because gpu_preflight_fail_on_unsupported_os is false." % text)
+    unknown = sorted(set(params["unknown_variables"]))
+    if unknown:
+        text = "Unknown variable(s): %s. They carry a umprov role prefix but no role defines them" % (
+            ", ".join(unknown)
+        )
+        if params["fail_on_unknown_variables"]:
+            problems.append(
+                "%s (see docs/roles.md); gpu_preflight_fail_on_unknown_variables=false turns this "
+                "into a warning." % text
+            )
+        else:
+            module.warn(text + ".")
+    if problems:
+        module.fail_json(msg=" ".join(problems))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -300,9 +369,15 @@ def main():
             nvidia_smi_paths=dict(type="list", elements="path", default=[]),
             driver_packages=dict(type="list", elements="str", default=[]),
             command_timeout=dict(type="int", default=30),
+            os_supported=dict(type="bool", default=True),
+            os_message=dict(type="str", default=""),
+            fail_on_unsupported_os=dict(type="bool", default=True),
+            unknown_variables=dict(type="list", elements="str", default=[]),
+            fail_on_unknown_variables=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
+    check_inputs(module)
     timeout = module.params["command_timeout"]
     models = {str(k).lower().replace("0x", ""): v for k, v in module.params["gpu_models"].items()}
     gpus, switches, proc_switches = pci_devices(models)
@@ -311,15 +386,29 @@ def main():
         "pci": switches,
         "proc_devices": proc_switches,
     }
+    kernel = kernel_facts(module, timeout)
+    generations = []
+    for gpu in gpus:
+        if gpu["generation"] not in generations:
+            generations.append(gpu["generation"])
     module.exit_json(
         changed=False,
         gpus=gpus,
         nvswitch=nvswitch,
         secure_boot=secure_boot(module, timeout),
-        kernel=kernel_facts(module, timeout),
+        kernel=kernel,
         driver=driver_facts(
             module, module.params["nvidia_smi_paths"], module.params["driver_packages"], timeout
         ),
+        summary={
+            "gpu_count": len(gpus),
+            "gpu_present": bool(gpus),
+            "gpu_generations": generations,
+            "open_module": open_module_mode(gpus),
+            "kernel_headers_missing": [
+                h["package"] for h in kernel["headers"].values() if not h["installed"]
+            ],
+        },
     )
 
 
