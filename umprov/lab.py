@@ -600,11 +600,42 @@ def _write_if_changed(path: Path, text: str, *, private: bool = False) -> bool:
 # Commands
 
 
+# Every lab host runs systemd (and its own dockerd), each holding inotify instances; past about
+# ten hosts the kernel's default of 128 per user runs out and systemd in a new host stalls at
+# boot ("Failed to create inotify object: Too many open files"), so sshd never starts.
+INOTIFY_LIMITS = {"max_user_instances": 8192, "max_user_watches": 524288}
+INOTIFY_DIR = Path("/proc/sys/fs/inotify")
+
+
+def ensure_inotify_limits(progress: Progress = _quiet) -> list[str]:
+    """Raise fs.inotify limits that are too low for a lab (root), or say how (otherwise)."""
+    raised = []
+    for key, wanted in INOTIFY_LIMITS.items():
+        path = INOTIFY_DIR / key
+        try:
+            current = int(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if current >= wanted:
+            continue
+        try:
+            path.write_text(f"{wanted}\n")
+        except OSError:
+            raise EnvironmentProblem(
+                f"fs.inotify.{key} is {current}, too low for lab hosts that each run systemd: "
+                f"run `sysctl -w fs.inotify.{key}={wanted}` as root"
+            ) from None
+        progress(f"raised fs.inotify.{key} from {current} to {wanted}")
+        raised.append(f"raised fs.inotify.{key} to {wanted}")
+    return raised
+
+
 def up(name: str, count: int, progress: Progress = _quiet) -> LabResult:
     check_lab_name(name)
     if not 1 <= count <= 64:
         raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
     client = docker_engine(progress)
+    ensure_inotify_limits(progress)
     image, built = ensure_host_image(client, progress)
     changes: list[str] = []
     if built:
