@@ -62,3 +62,11 @@ class TrustError(UmprovError):
 
 class Interrupted(UmprovError):
     exit_code = ExitCode.INTERRUPTED
+
+
+class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
+    """SIGTERM, raised in the main thread by the CLI's handler (exit 143).
+
+    A BaseException, like KeyboardInterrupt for SIGINT: the ``except Exception`` that keeps one
+    host's trouble from stopping the others must not swallow it, so a run stops everywhere.
+    """

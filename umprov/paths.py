@@ -32,13 +32,22 @@ def state_dir() -> Path:
     else:
         xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         base = Path(xdg) / "umprov"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return base
+    return private_dir(base)
+
+
+def private_dir(path: Path) -> Path:
+    """A directory only its owner can enter: created 0700, group and other bits taken away."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        path.chmod(mode & 0o700)
+    return path
 
 
 def write_private(path: Path, data: str | bytes) -> None:
-    """Write a file atomically with mode 0600 (never a moment with wider permissions)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a file atomically with mode 0600 (never a moment with wider permissions); a missing
+    parent directory is created 0700."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     fd = os.open(tmp, flags, 0o600)

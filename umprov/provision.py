@@ -8,6 +8,8 @@ classified from the play stats, never from ansible-playbook's exit code, which i
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import queue
 import shutil
@@ -20,13 +22,17 @@ from typing import Any
 
 from umprov.errors import ConfigError, ExitCode, UmprovError
 from umprov.inventory import Inventory
-from umprov.paths import project_dir, state_dir
+from umprov.paths import project_dir, state_dir, write_atomic, write_private
 
 STAGES = {"preflight": "preflight", "driver": "driver", "docker": "docker", "toolkit": "toolkit"}
 # Facts each role sets at its end to tell the summary what it did (see _note()).
 STATUS_FACTS = ("nvidia_driver_status", "docker_engine_status", "nvidia_container_toolkit_status")
 
 KEEP_RUNS = 10
+# On an interrupt: how long ansible-playbook gets to stop on its own (SIGINT) before it and
+# what it started are killed, and how often ansible-runner's thread checks for a cancel.
+STOP_GRACE_S = 5.0
+CANCEL_POLL_S = 0.5
 
 # Execution strategies: Mitogen's linear strategy (one persistent Python per host, modules
 # sent once) when the mitogen package is importable, else Ansible's own linear strategy with
@@ -302,11 +308,10 @@ def run_playbook(
             if event is None:
                 break
             _consume(event, results, on_event)
-    except KeyboardInterrupt:
-        cancel.set()
-        thread.join(timeout=30)
+    except BaseException:  # Ctrl-C, SIGTERM (raised by the CLI's handler) or a crash here
+        _stop_playbook(thread, cancel, runner)
         raise
-    thread.join()
+    _wait_thread(thread)
     _scrub_artifacts(Path(runner.config.artifact_dir))
     _apply_stats(runner, results)
     if (
@@ -331,6 +336,20 @@ def run_playbook(
     )
 
 
+EXTRA_VARS_FILE = "extravars.json"
+
+
+def _extra_vars_file(private: Path, extra_vars: dict[str, Any] | None) -> str | None:
+    """-e values go to ansible-playbook as ``-e @FILE`` (0600, removed after the run), never on
+    its command line: every local user can read a command line (ps), ansible-runner records it
+    in artifacts/<id>/command, and -e may carry a password (ansible_become_password)."""
+    if not extra_vars:
+        return None
+    path = private / EXTRA_VARS_FILE
+    write_private(path, json.dumps(extra_vars))
+    return str(path)
+
+
 def _start(
     ansible_runner: Any,
     private: Path,
@@ -352,7 +371,7 @@ def _start(
         inventory=str(inventory.source.resolve()),
         limit=limit,
         cmdline=" ".join(cmdline) or None,
-        extravars=extra_vars or None,
+        extravars=_extra_vars_file(private, extra_vars),
         envvars=envvars,
         event_handler=handler,
         cancel_callback=cancel.is_set,
@@ -361,7 +380,46 @@ def _start(
         suppress_env_files=True,
         suppress_ansible_output=True,
         timeout=None,
+        # How often the runner thread looks at cancel_callback (default every 5 s).
+        settings={"pexpect_timeout": CANCEL_POLL_S},
     )
+
+
+def _wait_thread(thread: threading.Thread, timeout: float | None = None) -> None:
+    """Wait for a thread without Thread.join: a signal interrupting join makes Python 3.11
+    mark the thread stopped while it still runs (bpo-45274), and later waits return at once."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while thread.is_alive() and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.1)
+
+
+def _stop_playbook(thread: threading.Thread, cancel: threading.Event, runner: Any) -> None:
+    """Stop ansible-playbook and everything it started, within a few seconds.
+
+    ansible-playbook runs in its own session (ansible-runner's pty), so the terminal's Ctrl-C
+    never reaches it. It gets SIGINT first, which it handles as a user's interrupt: workers
+    stopped, Mitogen's connections shut down, remote commands ended with their SSH session.
+    What still runs after STOP_GRACE_S is killed: ansible-runner SIGKILLs the process group on
+    cancel, and the processes that left that group (Mitogen's multiplexers call setsid) are
+    killed from the snapshot of the process tree taken before anything was signalled.
+    """
+    import signal
+
+    from umprov import procs
+
+    tree = procs.descendants()
+    playbooks = [p for p in tree if p.ppid == os.getpid() and "ansible-playbook" in p.cmdline]
+    try:
+        for proc in playbooks:
+            procs.signal_group(proc.pgid, signal.SIGINT)
+        _wait_thread(thread, STOP_GRACE_S if playbooks else 0)
+    finally:
+        cancel.set()  # the runner thread SIGKILLs the group at its next look (CANCEL_POLL_S)
+        procs.kill_survivors(tree)  # no-op when SIGINT was enough
+        procs.wait_gone(tree, 2)
+        _wait_thread(thread, CANCEL_POLL_S + 6)  # it reads the child's last output, up to 5 s
+        with contextlib.suppress(Exception):  # the artifacts lose their copy of the environment
+            _scrub_artifacts(Path(runner.config.artifact_dir))
 
 
 # Variables ansible-playbook and ssh need; ansible-runner copies the whole environment into its
@@ -413,16 +471,18 @@ class _runner_environment:  # noqa: N801 - used as a context manager, reads like
 
 
 def _scrub_artifacts(artifact_dir: Path) -> None:
-    """Drop the environment that ansible-runner records in artifacts/<id>/command."""
-    import json
-
+    """Drop the environment that ansible-runner records in artifacts/<id>/command, and the
+    run's extra-vars file (private/artifacts/<id> -> private/extravars.json)."""
+    (artifact_dir.parent.parent / EXTRA_VARS_FILE).unlink(missing_ok=True)
     command = artifact_dir / "command"
     try:
         data = json.loads(command.read_text())
     except (OSError, ValueError):
         return
+    if "env" not in data:
+        return
     data.pop("env", None)
-    command.write_text(json.dumps(data))
+    write_atomic(command, json.dumps(data), 0o600)
 
 
 def _stdout_tail(runner: Any) -> str:
@@ -495,3 +555,9 @@ def _apply_stats(runner: Any, results: dict[str, HostResult]) -> None:
         if stats and host not in ran and not result.failure:
             result.failure = "did not run (stopped before reaching this host)"
             result.failed = 1
+        elif stats and host in ran and result.failure and not (result.failed or result.unreachable):
+            # A task failed and its block's rescue recovered (e.g. dpkg left interrupted by a
+            # run that was stopped or lost its host: finished, the task run again). The host
+            # converged: what happened is a note, not its failure.
+            result.notes.append(f"recovered: {result.failure}"[:300])
+            result.failure = None

@@ -179,6 +179,19 @@ def record_host_key(pattern: str, key: paramiko.PKey, path: Path | None = None) 
     return path
 
 
+def pinned_keys(pattern: str, path: Path | None = None) -> list[str]:
+    """The keys ("TYPE BASE64") recorded under ``pattern`` in umprov's known_hosts file."""
+    path = path or umprov_known_hosts()
+    if not path.is_file():
+        return []
+    keys = []
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and not line.startswith("#") and pattern in fields[0].split(","):
+            keys.append(f"{fields[1]} {fields[2]}")
+    return keys
+
+
 def pin_host_key(patterns: list[str], key_line: str, path: Path | None = None) -> Path:
     """Pin a container's host key (read through a verified connection) under ``patterns``.
 
@@ -404,6 +417,20 @@ def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 3
         adapter.close()
         raise EngineDown(f"{host.name}: Docker engine not answering ({_short(exc)})") from None
     return client
+
+
+def connection_lost(client: Any, exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a docker client of ``docker_client``, means its SSH
+    connection is gone (the host went away mid-run) rather than an error from the engine."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.ConnectionError | EOFError | ConnectionError):
+        return True
+    try:
+        transport = client.api._custom_adapter.ssh_client.get_transport()
+    except AttributeError:
+        return False
+    return transport is None or not transport.is_active()
 
 
 class EngineDown(UmprovError):

@@ -102,6 +102,31 @@ def test_scrub_artifacts_removes_env(tmp_path):
     assert "ansible-playbook" in (tmp_path / "command").read_text()
 
 
+def test_extra_vars_go_in_a_private_file_never_on_the_command_line(tmp_path):
+    """-e may carry a password: ansible-playbook gets -e @FILE (0600), removed after the run."""
+    import json
+
+    from ansible_runner.config.runner import RunnerConfig
+
+    private = tmp_path / "run"
+    private.mkdir(mode=0o700)
+    (tmp_path / "project").mkdir()
+    path = provision._extra_vars_file(private, {"ansible_become_password": "s3cret-value"})
+    assert oct((private / "extravars.json").stat().st_mode & 0o777) == "0o600"
+    assert json.loads((private / "extravars.json").read_text())["ansible_become_password"]
+    config = RunnerConfig(private_data_dir=str(private), project_dir=str(tmp_path / "project"),
+                          playbook="site.yml", inventory="/dev/null", extravars=path,
+                          suppress_env_files=True)
+    config.prepare()
+    assert config.command[config.command.index("-e") + 1] == f"@{path}"
+    assert "s3cret-value" not in " ".join(config.command)
+    artifacts = private / "artifacts" / "ident"
+    artifacts.mkdir(parents=True)
+    provision._scrub_artifacts(artifacts)
+    assert not (private / "extravars.json").exists()
+    assert provision._extra_vars_file(private, {}) is None
+
+
 def test_private_dir_is_0700_and_rotated(tmp_path, monkeypatch):
     monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path))
     runs = tmp_path / "runs"

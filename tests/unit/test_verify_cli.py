@@ -128,8 +128,12 @@ def test_run_agent_in_container_round_trip(monkeypatch):
     assert "CPU-only build" in doc["records"][0]["detail"]
     script = box.commands[1][2]
     assert "--profile-file" in script and "--expected-gpus 4" in script
-    assert box.commands[-1][:2] == ["rm", "-rf"]  # the agent's folder is cleaned up
-    assert not Path(box.commands[-1][2]).exists()
+    workdir = box.commands[0][-1]  # mkdir -p WORKDIR
+    # On the way out: every process of the run killed (by its mark), its folder removed.
+    assert box.commands[-1][:2] == ["sh", "-c"]
+    assert "UMPROV_VERIFY_RUN=" in box.commands[-1][2]
+    assert f"rm -rf {workdir}" in box.commands[-1][2]
+    assert not Path(workdir).exists()
 
 
 def test_run_agent_in_container_without_a_report():

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from umprov import __version__
-from umprov.errors import ExitCode, UmprovError
+from umprov.errors import ExitCode, Terminated, UmprovError
 
 # name -> "module:attribute"; the order here is the order in --help.
 COMMANDS: dict[str, str] = {
@@ -100,7 +100,7 @@ def cli() -> None:
 
 def _log_internal_error(exc: BaseException) -> Path | None:
     try:
-        from umprov.paths import state_dir
+        from umprov.paths import state_dir, write_private
 
         log_dir = state_dir() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -109,15 +109,14 @@ def _log_internal_error(exc: BaseException) -> Path | None:
         body = f"argv: {sys.argv!r}\n{versions}\n\n" + "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__)
         )
-        path.write_text(body)
-        path.chmod(0o600)
+        write_private(path, body)
         return path
     except OSError:
         return None
 
 
 def _on_sigterm(_signum: int, _frame: Any) -> None:
-    raise UmprovError("terminated (SIGTERM)", exit_code=ExitCode.TERMINATED)
+    raise Terminated
 
 
 def run(args: list[str] | None = None) -> int:
@@ -144,6 +143,9 @@ def run(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("umprov: interrupted", err=True)
         return ExitCode.INTERRUPTED
+    except Terminated:
+        click.echo("umprov: terminated (SIGTERM)", err=True)
+        return ExitCode.TERMINATED
     except BrokenPipeError:
         return ExitCode.OK
     except Exception as exc:  # the boundary: anything unexpected is a bug, reported once

@@ -18,12 +18,12 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from umprov.errors import UmprovError
+from umprov.parallel import Cancelled, Parallel
 from umprov.verify.report import checked, failed_host_report
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
@@ -57,8 +57,12 @@ def _untar_one(chunks: Any) -> bytes:
     raise UmprovError("the report archive from the container holds no file")
 
 
-def _exec(container: Any, cmd: list[str], timeout: float) -> tuple[int | None, str]:
-    """exec_run with a deadline (the SDK has none): (exit code or None when late, output)."""
+def _exec(container: Any, cmd: list[str], timeout: float,
+          cancel: threading.Event | None = None) -> tuple[int | None, str]:
+    """exec_run with a deadline (the SDK has none): (exit code or None when late, output).
+
+    With ``cancel``: raises Cancelled as soon as it is set (the run was interrupted); the
+    command goes on in the container, so the caller ends it (see run_agent_in_container)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -70,7 +74,11 @@ def _exec(container: Any, cmd: list[str], timeout: float) -> tuple[int | None, s
 
     worker = threading.Thread(target=target, daemon=True)
     worker.start()
-    worker.join(timeout)
+    deadline = time.monotonic() + timeout
+    while worker.is_alive() and time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+        worker.join(min(0.2, max(0.0, deadline - time.monotonic())))
     if worker.is_alive():
         return None, ""
     if "error" in box:
@@ -86,18 +94,22 @@ def run_agent_in_container(
     timeout: float = 600.0,
     profile: Mapping[str, Any] | None = None,
     host: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> dict:
     """Run the agent in a running container; return its (validated) report document.
 
     ``container`` is a docker SDK Container or a name/ID. ``args`` are agent options
     (--quick, --expected-gpus N, --timeout S, --profile NAME); ``profile`` an override
     document for --profile-file. The agent runs under ``timeout`` (coreutils timeout inside
-    the container where there is one, and a deadline here either way).
+    the container where there is one, and a deadline here either way). Every process of the
+    run is marked (an environment variable) and ended on the way out, so nothing is left
+    running in the container when the deadline passed or the run was interrupted (``cancel``).
     """
     if isinstance(container, str):
         container = client.containers.get(container)
     name = host or getattr(container, "name", "container")
-    workdir = f"/tmp/umprov-verify-{secrets.token_hex(4)}"  # noqa: S108 (inside the container)
+    run_id = secrets.token_hex(4)
+    workdir = f"/tmp/umprov-verify-{run_id}"  # noqa: S108 (inside the container)
     files = {"agent.py": AGENT_PATH.read_bytes()}
     agent_args = [*args]
     if profile is not None:
@@ -112,14 +124,16 @@ def run_agent_in_container(
     quoted = " ".join(_sh_quote(a) for a in agent_args)
     limit = int(timeout)
     script = (
-        f"cd {workdir} || exit 97; "
+        # The mark names every process of this run; TMPDIR keeps the agent's own scratch
+        # folder inside the run's, so both go when the run is ended.
+        f"export {RUN_MARK}={run_id} TMPDIR={workdir}; cd {workdir} || exit 97; "
         "PY=$(command -v python3 || command -v python) || { echo 'no python in the container'; "
         "exit 98; }; "
         f"T=''; command -v timeout >/dev/null 2>&1 && T='timeout -k 10 {limit}'; "
         f'$T "$PY" agent.py --quiet --json {report} {quoted}'
     )
     try:
-        rc, out = _exec(container, ["sh", "-c", script], timeout + 30)
+        rc, out = _exec(container, ["sh", "-c", script], timeout + 30, cancel)
         if rc is None:
             return failed_host_report(name, "agent.run", f"the agent did not finish within "
                                       f"{timeout:.0f} s", hint="reset", reason="timeout")
@@ -140,7 +154,22 @@ def run_agent_in_container(
         return checked(doc, name)
     finally:
         with contextlib.suppress(Exception):
-            _exec(container, ["rm", "-rf", workdir], 60)
+            _exec(container, ["sh", "-c", _end_run_script(run_id, workdir)], 20)
+
+
+RUN_MARK = "UMPROV_VERIFY_RUN"
+
+
+def _end_run_script(run_id: str, workdir: str) -> str:
+    """Shell that kills every process of one agent run (the shell, timeout, the agent, its
+    per-GPU children in their own sessions: all carry RUN_MARK in their environment), then
+    removes the run's folder."""
+    mark = f"^{RUN_MARK}={run_id}$"
+    return (
+        f"pids=$(grep -lsz -e '{mark}' /proc/[0-9]*/environ | cut -d/ -f3); "
+        '[ -n "$pids" ] && kill -9 $pids 2>/dev/null; '
+        f"rm -rf {workdir}; true"
+    )
 
 
 def _sh_quote(text: str) -> str:
@@ -186,24 +215,46 @@ def verify_hosts(hosts: Sequence[Any], opts: VerifyOptions, *,
     """One report document per host, gathered in parallel."""
     if not hosts:
         return []
-    workers = max(1, min(max_workers, len(hosts)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify") as pool:
-        return list(pool.map(lambda h: _verify_one(h, opts, progress), hosts))
+    # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.parallel); each host's
+    # agent is ended in its container on the way out.
+    pool = Parallel(max(1, min(max_workers, len(hosts))))
+    clients: list[Any] = []
+
+    def close() -> None:
+        for client in list(clients):
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def report(host: str, message: str) -> None:
+        if not pool.cancel.is_set():
+            progress(host, message)
+
+    try:
+        return pool.map(lambda h: _verify_one(h, opts, report, pool.cancel, clients), hosts,
+                        "verify")
+    except BaseException:
+        pool.stop(close=close)
+        raise
 
 
-def _verify_one(host: Any, opts: VerifyOptions, progress: Progress) -> dict:
-    from umprov.ssh import docker_client
+def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
+                cancel: threading.Event | None = None, clients: list[Any] | None = None) -> dict:
+    from umprov.ssh import Unreachable, connection_lost, docker_client
 
     mode = "quick" if opts.quick else "full"
     client = None
     try:
         progress(host.name, "connecting")
         client = docker_client(host, trust_new=opts.trust_new)
+        if clients is not None:
+            clients.append(client)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
         hv = getattr(host, "vars", {}) or {}
         args = opts.agent_args(hv)
         if opts.image:
             progress(host.name, f"starting {opts.image}")
-            doc = _in_fresh_container(client, host.name, opts, args)
+            doc = _in_fresh_container(client, host.name, opts, args, cancel)
         else:
             name = str(hv.get("umprov_container_name") or "umprov")
             try:
@@ -218,16 +269,25 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress) -> dict:
                                           hint="config", mode=mode)
             progress(host.name, f"running the agent in {name}")
             doc = run_agent_in_container(client, container, args=args, profile=opts.profile,
-                                         timeout=opts.overall_timeout(), host=host.name)
+                                         timeout=opts.overall_timeout(), host=host.name,
+                                         cancel=cancel)
         progress(host.name, f"{doc['verdict']} ({doc['wall_s']:.0f} s)")
         return doc
+    except Unreachable as exc:  # before or during the run (the host lost: no reconnect)
+        progress(host.name, "unreachable")
+        return failed_host_report(host.name, "agent.connect", f"unreachable: {exc}", mode=mode)
     except UmprovError as exc:
         progress(host.name, "failed")
         return failed_host_report(host.name, "agent.connect", str(exc), hint="config",
                                   mode=mode)
     except Exception as exc:  # one host's Docker trouble is its report, not the run's crash
-        progress(host.name, "failed")
         text = " ".join(str(exc).split())[:300]
+        if client is not None and connection_lost(client, exc):
+            progress(host.name, "unreachable")
+            return failed_host_report(
+                host.name, "agent.connect", f"unreachable: {host.name}: the connection was "
+                f"lost mid-run ({type(exc).__name__}: {text})", mode=mode)
+        progress(host.name, "failed")
         return failed_host_report(host.name, "agent.docker", f"{type(exc).__name__}: {text}",
                                   mode=mode)
     finally:
@@ -237,7 +297,7 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress) -> dict:
 
 
 def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
-                        args: list[str]) -> dict:
+                        args: list[str], cancel: threading.Event | None = None) -> dict:
     """Run the agent in a throw-away container of --image with all GPUs, then remove it."""
     from docker.errors import APIError
     from docker.types import DeviceRequest, Ulimit
@@ -266,7 +326,8 @@ def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
         container = client.containers.run(opts.image, **kwargs)
     try:
         doc = run_agent_in_container(client, container, args=args, profile=opts.profile,
-                                     timeout=opts.overall_timeout(), host=host_name)
+                                     timeout=opts.overall_timeout(), host=host_name,
+                                     cancel=cancel)
         if note:
             doc.setdefault("facts", {})["container_note"] = note
             for rec in doc["records"]:

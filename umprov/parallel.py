@@ -1,0 +1,110 @@
+"""Per-host work in parallel threads that an interrupt stops within seconds.
+
+``concurrent.futures.ThreadPoolExecutor`` does not fit a command that Ctrl-C or SIGTERM must
+end quickly: leaving its ``with`` block waits for every running task, and the interpreter
+joins its threads at exit, so an interrupted deploy would finish its push first. Here each
+task runs in a daemon thread; the signal is raised in the main thread, which then sets
+``cancel``, gives the tasks ``grace`` seconds to stop at their next step (``check()`` raises
+``Cancelled`` in them), closes their connections so blocked reads end, and returns. A thread
+still stuck in a system call after that does not hold the process's exit.
+
+The main thread never waits with ``Thread.join``: a signal that interrupts ``join`` makes
+Python 3.11 release the lock of the thread being joined and mark it stopped while it still
+runs (the bpo-45274 handling), and every later wait on it returns at once. It waits on an
+Event per task instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# How long tasks get to stop at a step boundary, then again after their connections closed.
+STOP_GRACE_S = 4.0
+CLOSE_GRACE_S = 2.0
+
+
+class Cancelled(BaseException):  # noqa: N818 - not an error: the run was interrupted
+    """Raised in a task when the run was interrupted; BaseException so that the per-host
+    ``except Exception`` handlers let it through."""
+
+
+class Parallel:
+    """Run a function over items in at most ``workers`` daemon threads at once."""
+
+    def __init__(self, workers: int) -> None:
+        self.cancel = threading.Event()
+        self._slots = threading.BoundedSemaphore(max(1, workers))
+        self._done: list[threading.Event] = []
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise Cancelled in a task once the run was interrupted."""
+        if self.cancel.is_set():
+            raise Cancelled
+
+    def start(self, fn: Callable[..., Any], *args: Any, name: str = "task") -> threading.Event:
+        """Run ``fn(*args)`` in a daemon thread now (not counted against ``workers``); the
+        Event returned is set when it has ended."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                done.set()
+
+        with self._lock:
+            self._done.append(done)
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return done
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T], name: str = "task") -> list[R]:
+        """``[fn(item) for item in items]``, in parallel; the first exception a task raised
+        (other than Cancelled) is raised here once every task has ended."""
+        results: list[Any] = [None] * len(items)
+        errors: list[BaseException | None] = [None] * len(items)
+
+        def run(index: int, item: T) -> None:
+            with self._slots:
+                if self.cancel.is_set():
+                    return
+                try:
+                    results[index] = fn(item)
+                except Cancelled:
+                    pass
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    errors[index] = exc
+
+        for done in [self.start(run, i, item, name=f"{name}-{i}") for i, item in enumerate(items)]:
+            while not done.wait(0.2):
+                pass
+        if self.cancel.is_set():
+            raise Cancelled
+        for error in errors:
+            if error is not None:
+                raise error
+        return results
+
+    def stop(self, close: Callable[[], None] | None = None, *, grace: float = STOP_GRACE_S) -> None:
+        """On an interrupt: cancel, wait for the tasks to stop, close what they wait on."""
+        self.cancel.set()
+        self._wait(grace)
+        if close is not None:
+            close()
+            self._wait(CLOSE_GRACE_S)
+
+    def _wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            pending = list(self._done)
+        for done in pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            done.wait(left)
