@@ -6,7 +6,8 @@ The flow, in three phases so one host's trouble never stops the others:
    host key), and whether the host already has the image (by image ID);
 2. deliver: ``--pull`` pulls on each host; ``--push`` streams ONE local ``docker save`` to every
    host that lacks the image, each into its engine's ``docker load`` (hosts that have the image
-   ID are skipped);
+   ID are skipped); a host whose engine already holds some of the image's layers gets the
+   stream without their layer files (``umprov.image_tar``; graph-driver image stores only);
 3. roll out (in parallel): build the container spec, compare its hash with the running
    container's label; same hash: nothing happens (same container ID); otherwise the container
    is replaced (the old one is kept aside until the new one starts, and put back if it does
@@ -33,22 +34,24 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from umprov import __version__
 from umprov.errors import ConfigError, ExitCode, TrustError, UmprovError
-from umprov.paths import state_dir, write_atomic, write_private
+from umprov.parallel import Cancelled, Parallel
+from umprov.paths import private_dir, state_dir, write_atomic, write_private
 from umprov.ssh import (
     AuthFailed,
     EngineDown,
     HostLike,
     Unreachable,
+    connection_lost,
     host_pattern,
     known_hosts_files,
     pin_host_key,
+    pinned_keys,
     umprov_known_hosts,
 )
 
@@ -330,6 +333,7 @@ class HostResult:
     jupyter: str | None = None
     pushed_bytes: int = 0
     push_seconds: float = 0.0
+    skipped_bytes: int = 0  # layer files left out of the push: the host already had them
     seconds: float = 0.0
 
     @property
@@ -348,6 +352,7 @@ class HostResult:
             "jupyter": self.jupyter,
             "pushed_bytes": self.pushed_bytes,
             "push_seconds": round(self.push_seconds, 2),
+            "skipped_bytes": self.skipped_bytes,
             "seconds": round(self.seconds, 2),
         }
 
@@ -384,10 +389,11 @@ def _docker_message(exc: BaseException) -> str:
 
 
 class _Broadcast:
-    """One producer (a local docker save), many consumers (each host's docker load).
+    """One producer (a local docker save, or a rewrite of it), many consumers (each host's
+    docker load, or a rewrite feeding hosts of its own).
 
-    Bounded queues: the stream goes at the pace of the slowest live host; a host whose load
-    fails is dropped and the others go on.
+    Bounded queues: the stream goes at the pace of the slowest live consumer; a consumer whose
+    load fails is dropped and the others go on.
     """
 
     def __init__(self, hosts: list[str], depth: int = 16) -> None:
@@ -395,21 +401,42 @@ class _Broadcast:
             h: queue.Queue(maxsize=depth) for h in hosts
         }
         self.dead: set[str] = set()
-        self.error: BaseException | None = None
+        self.error: UmprovError | None = None
+        self.aborted = threading.Event()
         self.lock = threading.Lock()
 
     def produce(self, chunks: Iterator[bytes]) -> None:
         try:
             for chunk in chunks:
-                self._put_all(chunk)
-        except BaseException as exc:  # noqa: BLE001 - handed to every consumer
-            self.error = exc
-        finally:
-            self._put_all(None)
+                self.put(chunk)
+        except Exception as exc:  # noqa: BLE001 - handed to every consumer
+            self.close(UmprovError(f"docker save failed: {_docker_message(exc)}"))
+        except BaseException:  # Ctrl-C or SIGTERM: the whole run stops, not only this stream
+            self.abort()
+            raise
+        else:
+            self.close()
+
+    def abort(self) -> None:
+        """The run was interrupted: producer and consumers stop at once."""
+        self.aborted.set()
+
+    def put(self, chunk: bytes) -> None:
+        self._put_all(chunk)
+
+    def close(self, error: UmprovError | None = None) -> None:
+        if error is not None:
+            self.error = error
+        self._put_all(None)
+
+    @property
+    def all_dead(self) -> bool:
+        with self.lock:
+            return len(self.dead) == len(self.queues)
 
     def _put_all(self, item: bytes | None) -> None:
         for host, q in self.queues.items():
-            while host not in self.dead:
+            while host not in self.dead and not self.aborted.is_set():
                 try:
                     q.put(item, timeout=0.5)
                     break
@@ -427,13 +454,65 @@ class _Broadcast:
     def consume(self, host: str, counter: list[int]) -> Iterator[bytes]:
         q = self.queues[host]
         while True:
-            item = q.get()
+            try:
+                item = q.get(timeout=0.5)
+            except queue.Empty:
+                if self.aborted.is_set():
+                    raise Cancelled from None
+                continue
+            if self.aborted.is_set():
+                raise Cancelled
             if item is None:
                 if self.error is not None:
-                    raise UmprovError(f"docker save failed: {_docker_message(self.error)}")
+                    raise UmprovError(str(self.error))
                 return
             counter[0] += len(item)
             yield item
+
+
+class _NobodyListens(Exception):
+    """Every host fed by a rewrite has dropped out: stop rewriting."""
+
+
+class _BroadcastWriter:
+    """The file a streaming tar rewrite writes into: chunks go to a _Broadcast."""
+
+    def __init__(self, broadcast: _Broadcast) -> None:
+        self.broadcast = broadcast
+
+    def write(self, data: bytes) -> int:
+        if self.broadcast.all_dead:
+            raise _NobodyListens
+        if data:
+            self.broadcast.put(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _rewrite_into(
+    source: _Broadcast, key: str, skip: Mapping[str, str], sink: _Broadcast, stats: Any
+) -> None:
+    """Feed ``sink``'s hosts the ``source`` stream without the layers of ``skip``."""
+    import tarfile as _tarfile
+
+    from umprov.image_tar import rewrite_save_stream
+
+    error: UmprovError | None = None
+    try:
+        rewrite_save_stream(source.consume(key, [0]), skip, _BroadcastWriter(sink), stats)
+    except _NobodyListens:
+        pass
+    except UmprovError as exc:  # the docker save itself failed
+        error = exc
+    except (_tarfile.TarError, OSError, ValueError) as exc:
+        error = UmprovError(f"rewriting the image stream failed: {exc}")
+    except BaseException as exc:  # noqa: BLE001 - handed to this group's hosts
+        error = UmprovError(f"rewriting the image stream failed: {_docker_message(exc)}")
+    finally:
+        source.drop(key)  # never leave the docker save blocked on this reader
+        sink.close(error)
 
 
 def _load_into(client: Any, data: Iterator[bytes]) -> None:
@@ -448,12 +527,47 @@ def _load_into(client: Any, data: Iterator[bytes]) -> None:
         raise UmprovError(f"docker load failed: {_docker_message(exc)}") from None
 
 
+def _skip_plan(st: _HostState, diff_ids: list[str] | None, progress: Progress) -> dict[str, str]:
+    """Which of the image's layers this host's engine already holds ({diff ID: chain ID});
+    empty (the full stream) unless everything about the host looks as expected."""
+    from umprov.image_tar import host_chain_ids, skip_plan
+
+    if not diff_ids:
+        return {}
+    try:
+        held, why = host_chain_ids(st.client)
+    except Exception as exc:  # noqa: BLE001 - any doubt: the full stream
+        held, why = None, _docker_message(exc)
+    if held is None:
+        progress(st.host.name, f"sending every layer ({why})")
+        return {}
+    return skip_plan(diff_ids, held)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.0f} MB" if size >= 10**6 or not size else f"{size / 1e3:.0f} kB"
+
+
+def _percent(done: int, estimate: int) -> str:
+    """'~NN%' of an estimate that the tar stream may exceed: never above 99 until the end."""
+    if estimate <= 0:
+        return ""
+    return f" (~{min(99, int(100 * done / estimate))}%)"
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-host state kept on the control machine
 
 
 def token_path(host_name: str) -> Path:
-    return state_dir() / "tokens" / f"{host_name}.token"
+    return private_dir(state_dir() / "tokens") / f"{host_name}.token"
+
+
+def _stored_token(host_name: str) -> str | None:
+    try:
+        return token_path(host_name).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def ssh_config_path(host_name: str) -> Path:
@@ -588,10 +702,13 @@ def _port_message(exc: BaseException, settings: HostSettings) -> str | None:
     return None
 
 
-def _wait_ready(container: Any, timeout: float = READY_TIMEOUT) -> None:
+def _wait_ready(
+    container: Any, timeout: float = READY_TIMEOUT, cancel: threading.Event | None = None
+) -> None:
     """Until sshd and Jupyter answer inside the container (its own health check, run now)."""
     deadline = time.monotonic() + timeout
     while True:
+        _checkpoint(cancel)
         container.reload()
         state = container.attrs["State"]
         if state.get("Status") in ("exited", "dead") or state.get("Restarting"):
@@ -605,6 +722,23 @@ def _wait_ready(container: Any, timeout: float = READY_TIMEOUT) -> None:
         if time.monotonic() > deadline:
             raise DeployFailed(f"sshd and Jupyter did not answer within {timeout:.0f} s")
         time.sleep(0.5)
+
+
+ASIDE = "-replaced-"  # NAME-replaced-MILLISECONDS: the old container during a replacement
+
+
+def _set_aside(client: Any, name: str) -> list[Any]:
+    """umprov's containers named NAME-replaced-*, newest first: the old container of a
+    replacement, which only an interrupted run leaves behind."""
+    found = client.containers.list(all=True, filters={"label": f"{LABEL}.managed=true"})
+    aside = [c for c in found if c.name.startswith(f"{name}{ASIDE}")]
+    return sorted(aside, key=lambda c: c.name, reverse=True)
+
+
+def _started_once(container: Any) -> bool:
+    """Whether the container was ever started (Docker's zero time says never)."""
+    started = (container.attrs.get("State") or {}).get("StartedAt") or ""
+    return bool(started) and not started.startswith("0001-01-01")
 
 
 def _read_host_key(container: Any) -> str:
@@ -622,8 +756,16 @@ def rollout(
     image_id: str,
     result: HostResult,
     progress: Progress = _quiet,
+    *,
+    cancel: threading.Event | None = None,
 ) -> None:
-    """Create, keep or replace the container on one host; then pin its key, store its token."""
+    """Create, keep or replace the container on one host; then pin its key, store its token.
+
+    An interrupted run (``cancel`` set: Ctrl-C, SIGTERM) stops between two steps; whatever
+    it left is taken up here by the next run: a container set aside by a replacement that
+    never finished is the old container again, one created but never started is replaced,
+    a started one whose token or key was not recorded yet gets them now.
+    """
     from docker.errors import NotFound
 
     spec = container_spec(settings, image_id, opts.authorized_keys, shm_size=opts.shm_size)
@@ -640,8 +782,22 @@ def rollout(
             f"a container named {settings.name} exists and is not umprov's; remove it or pass "
             "another name (umprov_container_name)"
         )
+    aside = _set_aside(client, settings.name)
+    if old is None and aside:
+        # A replacement was interrupted after the old container was set aside: it is the
+        # old container again (compared, kept or replaced below like any other).
+        old = aside.pop(0)
+        progress(host.name, f"taking back {old.name}, set aside by an interrupted run")
+        old.rename(settings.name)
+        old.reload()
+    _checkpoint(cancel)
     token: str | None = None
-    if old is not None and not opts.force and old.labels.get(f"{LABEL}.spec-hash") == wanted:
+    if (
+        old is not None
+        and not opts.force
+        and old.labels.get(f"{LABEL}.spec-hash") == wanted
+        and _started_once(old)  # created but never started: its token may not be in it
+    ):
         container = old
         if old.status != "running":
             progress(host.name, "starting the stopped container")
@@ -651,16 +807,27 @@ def rollout(
             result.status = "unchanged"
     else:
         token = secrets.token_urlsafe(32)
-        container = _replace(client, host, old, spec, labels, token, settings, progress)
+        container = _replace(client, host, old, spec, labels, token, settings, progress, cancel)
         result.status = "replaced" if old is not None else "created"
+    for stale in aside:  # left by an interrupted run; the container is in place now
+        with contextlib.suppress(Exception):
+            stale.remove(force=True)
     progress(host.name, "waiting for sshd and Jupyter")
-    _wait_ready(container)
+    _wait_ready(container, cancel=cancel)
+    _checkpoint(cancel)
     key_line = _read_host_key(container)
-    pin_host_key(key_patterns(host, settings), key_line)
-    if token is None and not token_path(host.name).is_file():
-        # Unchanged container, token file lost here: read it back through Docker.
+    patterns = key_patterns(host, settings)
+    before = pinned_keys(patterns[0])
+    pin_host_key(patterns, key_line)
+    if before and " ".join(key_line.split()[:2]) not in before:
+        # Read through Docker over the verified host connection: the container's true key.
+        result.message = "the container's SSH host key changed: pinned the new one"
+        progress(host.name, result.message)
+    if token is None:
+        # A kept container's own token is the truth: the file here may be lost, or hold the
+        # token of the container that a run interrupted after starting this one replaced.
         rc, out = _exec(container, ["cat", TOKEN_PATH])
-        if rc == 0 and out.strip():
+        if rc == 0 and out.strip() and _stored_token(host.name) != out.strip():
             token = out.strip()
     if token is not None:
         write_private(token_path(host.name), token + "\n")
@@ -685,6 +852,7 @@ def _replace(
     token: str,
     settings: HostSettings,
     progress: Progress,
+    cancel: threading.Event | None = None,
 ) -> Any:
     """Start the new container; the old one is stopped and set aside, and restored on failure."""
     from docker.errors import APIError, NotFound
@@ -693,15 +861,27 @@ def _replace(
     if old is not None:
         progress(host.name, "stopping the old container")
         old.stop(timeout=20)
-        aside = f"{settings.name}-replaced-{int(time.time())}"
+        aside = f"{settings.name}{ASIDE}{int(time.time() * 1000)}"
         old.rename(aside)
     new = None
     try:
+        _checkpoint(cancel)
         progress(host.name, "creating the container")
         new = client.containers.create(**create_kwargs(spec, labels))
         new.put_archive("/", _token_tar(token))
+        _checkpoint(cancel)
         progress(host.name, "starting the container")
         new.start()
+    except Cancelled:
+        # Interrupted: put the host back as it was, as far as there is time (the next run
+        # takes up whatever is left: see rollout).
+        with contextlib.suppress(Exception):
+            if new is not None:
+                new.remove(force=True)
+            if old is not None:
+                old.rename(settings.name)
+                old.start()
+        raise
     except APIError as exc:
         if new is not None:
             with contextlib.suppress(APIError, NotFound):
@@ -757,18 +937,46 @@ def deploy(
     local_image_id: str | None = None
     if opts.delivery == "push":
         local_image_id = _local_image_id(local_client, opts, states)
-    workers = max(1, min(max_workers, len(states)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deploy") as pool:
-        list(pool.map(lambda st: _phase_connect(st, opts, local_image_id, progress), states))
+    # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.parallel): each host
+    # stops at its next step, what was cut short is repaired by the next run (see rollout).
+    pool = Parallel(max(1, min(max_workers, len(states))))
+    quiet = _until_cancelled(progress, pool.cancel)
+    try:
+        pool.map(lambda st: _phase_connect(st, opts, local_image_id, quiet), states, "connect")
         if opts.delivery == "push":
-            _phase_push(states, opts, local_client, pool, progress)
-        list(pool.map(lambda st: _phase_rollout(st, opts, progress), states))
+            _phase_push(states, opts, local_client, pool, quiet)
+        pool.map(lambda st: _phase_rollout(st, opts, quiet, pool.cancel), states, "rollout")
+    except BaseException:
+        pool.stop(close=lambda: _close_clients(states))
+        raise
+    finally:
+        _close_clients(states)
     for st in states:
         st.result.seconds = time.monotonic() - st.started
+    return [st.result for st in states]
+
+
+def _close_clients(states: list[_HostState]) -> None:
+    for st in states:
         if st.client is not None:
             with contextlib.suppress(Exception):
                 st.client.close()
-    return [st.result for st in states]
+
+
+def _until_cancelled(progress: Progress, cancel: threading.Event) -> Progress:
+    """Progress lines until the run is interrupted, then silence."""
+
+    def report(host: str, message: str) -> None:
+        if not cancel.is_set():
+            progress(host, message)
+
+    return report
+
+
+def _checkpoint(cancel: threading.Event | None) -> None:
+    """Between two steps on a host: stop here when the run was interrupted."""
+    if cancel is not None and cancel.is_set():
+        raise Cancelled
 
 
 def _live(states: list[_HostState]) -> list[_HostState]:
@@ -834,72 +1042,167 @@ def _phase_connect(
         _fail(st.result, exc)
     except DockerException as exc:
         _fail(st.result, EngineDown(f"Docker engine error: {_docker_message(exc)}"))
+    except Exception as exc:  # noqa: BLE001 - e.g. the connection lost: this host's result
+        _fail(st.result, _host_error(st, exc))
 
 
 def _phase_push(
     states: list[_HostState],
     opts: DeployOptions,
     local_client: Any,
-    pool: ThreadPoolExecutor,
+    pool: Parallel,
     progress: Progress,
 ) -> None:
+    from umprov.image_tar import rootfs_diff_ids
+
     need = [st for st in _live(states) if st.image_id is None]
     if not need:
         return
     ref = str(need[0].settings.image) if need[0].settings else ""
     local = local_client.images.get(ref)
-    total = int(local.attrs.get("Size", 0))
-    broadcast = _Broadcast([st.host.name for st in need])
+    # Sum of the layers' contents: the tar stream is a little larger (headers, padding).
+    estimate = int(local.attrs.get("Size", 0))
+    diff_ids = rootfs_diff_ids(local.attrs)
+    plans = list(pool.map(lambda st: _skip_plan(st, diff_ids, progress), need))
+    for st, plan in zip(need, plans, strict=True):
+        if plan:
+            progress(st.host.name, f"the host already has {len(plan)} of the image's "
+                                   f"{len(diff_ids or ())} layers: they stay out of its stream")
+    retry = _push_round(need, plans, ref, str(local.id), local_client, estimate, progress)
+    if retry:
+        # An incremental load failed (a layer gone from the host since it was asked?): once
+        # more with every layer, from a docker save of its own.
+        _push_round(retry, [{} for _ in retry], ref, str(local.id), local_client, estimate,
+                    progress)
+
+
+def _push_round(
+    need: list[_HostState],
+    plans: list[dict[str, str]],
+    ref: str,
+    image_id: str,
+    local_client: Any,
+    estimate: int,
+    progress: Progress,
+) -> list[_HostState]:
+    """One local docker save streamed into every host of ``need``: as it is to hosts with an
+    empty plan, and through one rewrite per distinct plan (the layers left out) to the others.
+    Returns the hosts whose incremental load failed (to be sent the full stream)."""
+    from umprov.image_tar import RewriteStats
+
+    groups: dict[frozenset[tuple[str, str]], list[_HostState]] = {}
+    for st, plan in zip(need, plans, strict=True):
+        groups.setdefault(frozenset(plan.items()), []).append(st)
+    direct = [st.host.name for st in groups.pop(frozenset(), [])]
+    keys = [f"rewrite-{i}" for i in range(len(groups))]
+    source = _Broadcast(direct + keys)
+    feeds: dict[str, _Broadcast] = dict.fromkeys(direct, source)
+    stats: dict[str, RewriteStats] = {}
+    workers: list[threading.Thread] = []
+    for key, (plan, members) in zip(keys, groups.items(), strict=True):
+        sink = _Broadcast([st.host.name for st in members])
+        group_stats = RewriteStats()
+        for st in members:
+            feeds[st.host.name] = sink
+            stats[st.host.name] = group_stats
+        workers.append(threading.Thread(
+            target=_rewrite_into, args=(source, key, dict(plan), sink, group_stats),
+            name=f"push-{key}", daemon=True,
+        ))
     counters = {st.host.name: [0] for st in need}
+    retry: list[_HostState] = []
 
     def consume(st: _HostState) -> None:
         name = st.host.name
+        feed = feeds[name]
         started = time.monotonic()
+        ok = False
         try:
-            _load_into(st.client, broadcast.consume(name, counters[name]))
-            st.client.images.get(local.id)
-            st.image_id = str(local.id)
+            _load_into(st.client, feed.consume(name, counters[name]))
+            st.client.images.get(image_id)
+            st.image_id = image_id
+            ok = True
         except BaseException as exc:  # noqa: BLE001 - recorded for this host only
-            broadcast.drop(name)
-            _fail(st.result, exc if isinstance(exc, UmprovError) else DeployFailed(
-                f"push failed: {_docker_message(exc)}"))
+            feed.drop(name)
+            if name in stats and source.error is None:
+                progress(name, f"incremental push failed ({_docker_message(exc)}): "
+                               "sending every layer")
+                retry.append(st)
+            else:
+                _fail(st.result, _host_error(st, exc, "push failed: "))
         finally:
-            st.result.pushed_bytes = counters[name][0]
-            st.result.push_seconds = time.monotonic() - started
+            seconds = time.monotonic() - started
+            st.result.pushed_bytes += counters[name][0]
+            st.result.push_seconds += seconds
+            skipped = stats[name].skipped_bytes if ok and name in stats else 0
+            st.result.skipped_bytes = skipped
+            if ok:
+                note = f", {_mb(skipped)} already on the host" if skipped else ""
+                progress(name, f"pushed {_mb(counters[name][0])} in {seconds:.0f} s{note}")
 
     def report() -> None:
         while not done.wait(1.0):
             for st in need:
-                if st.result.status == "pending":
+                if st.result.status == "pending" and st.image_id is None:
                     sent = counters[st.host.name][0]
-                    pct = f" ({100 * sent / total:.0f}%)" if total else ""
-                    progress(st.host.name, f"pushing {sent / 1e6:.0f} MB{pct}")
+                    group = stats.get(st.host.name)
+                    skipped = group.skipped_bytes if group else 0
+                    note = f", {_mb(skipped)} already on the host" if skipped else ""
+                    pct = _percent(sent + skipped, estimate)
+                    progress(st.host.name, f"pushing {_mb(sent)}{note}{pct}")
 
-    done = threading.Event()
-    reporter = threading.Thread(target=report, daemon=True)
-    reporter.start()
+    def save() -> Iterator[bytes]:
+        # Save by reference, so the loaded image carries the tag too.
+        yield from local_client.api.get_image(ref, chunk_size=PUSH_CHUNK)
+
     for st in need:
-        progress(st.host.name, f"pushing {ref} ({total / 1e6:.0f} MB)")
-    futures = [pool.submit(consume, st) for st in need]
-    # Save by reference, so the loaded image carries the tag too.
-    broadcast.produce(iter(local_client.api.get_image(ref, chunk_size=PUSH_CHUNK)))
-    for fut in futures:
-        fut.result()
-    done.set()
+        progress(st.host.name, f"pushing {ref} (~{estimate / 1e6:.0f} MB)")
+    done = threading.Event()
+    reporter = threading.Thread(target=report, name="push-progress", daemon=True)
+    # One thread per host: a pool smaller than the host count would leave the broadcast
+    # waiting on hosts that never start reading.
+    loaders = [threading.Thread(target=consume, args=(st,), name=f"push-{st.host.name}",
+                                daemon=True) for st in need]
+    streams = [source, *{id(feed): feed for feed in feeds.values()}.values()]
+    for thread in [reporter, *workers, *loaders]:
+        thread.start()
+    try:
+        source.produce(save())
+        for thread in [*workers, *loaders]:
+            thread.join()
+    except BaseException:  # Ctrl-C or SIGTERM: every stream stops, the loads are cut short
+        for stream in streams:
+            stream.abort()
+        raise
+    finally:
+        done.set()
     reporter.join()
+    return retry
 
 
-def _phase_rollout(st: _HostState, opts: DeployOptions, progress: Progress) -> None:
+def _phase_rollout(
+    st: _HostState, opts: DeployOptions, progress: Progress, cancel: threading.Event | None = None
+) -> None:
     if st.result.status != "pending" or st.settings is None or st.image_id is None:
         if st.result.status == "pending":
             _fail(st.result, DeployFailed("no image on the host"))
         return
-    from docker.errors import DockerException
-
     try:
-        rollout(st.client, st.host, st.settings, opts, st.image_id, st.result, progress)
+        rollout(st.client, st.host, st.settings, opts, st.image_id, st.result, progress,
+                cancel=cancel)
         progress(st.host.name, st.result.status)
-    except UmprovError as exc:
-        _fail(st.result, exc)
-    except DockerException as exc:
-        _fail(st.result, DeployFailed(_docker_message(exc)))
+    except Exception as exc:  # noqa: BLE001 - one host's trouble is its result
+        _fail(st.result, _host_error(st, exc))
+
+
+def _host_error(st: _HostState, exc: BaseException, what: str = "") -> UmprovError:
+    """What an exception from a host's Docker engine means for its result: the SSH connection
+    gone (the host lost mid-run) is 'unreachable', anything else a failure on the host."""
+    if isinstance(exc, UmprovError):
+        return exc
+    if connection_lost(st.client, exc):
+        return Unreachable(
+            f"{what}{st.host.name}: the connection was lost mid-run ({_docker_message(exc)})"
+        )
+    return DeployFailed(f"{what}{_docker_message(exc)}")
+

@@ -25,7 +25,8 @@ from tests.lab.conftest import ssh
 
 pytestmark = pytest.mark.lab
 
-NAME = "pytest-deploy"
+# UMPROV_TEST_DEPLOY_LAB: another lab name, for runs beside someone else's.
+NAME = os.environ.get("UMPROV_TEST_DEPLOY_LAB", "pytest-deploy")
 TAG = "umprov/pytorch-cuda:pytest-lab"
 
 
@@ -349,3 +350,46 @@ def test_verify_in_deployed_containers_reports_no_gpu_honestly(
     text = (prom / "umprov_verify.prom").read_text()
     for name in LAB["names"]:
         assert f'umprov_verify_host_verdict{{host="{name}"' in text
+
+
+def test_incremental_push_sends_only_the_new_layer(first_deploy: dict[str, Any],
+                                                   docker_client: Any) -> None:
+    """v2 = the pushed image plus one small layer: only that layer crosses to the host (which
+    holds v1's layers since the first push), the host loads v2's exact ID and runs it.
+
+    Last in this file on purpose: it leaves the first host's container on v2.
+    """
+    import io
+    import tarfile
+
+    name, port = LAB["names"][0], LAB["hosts"][0]["port"]
+    v2_tag, marker = f"{TAG}-{NAME}-v2", f"v2-{time.time_ns()}"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for path, data in (("Dockerfile", f"FROM {TAG}\nCOPY v2.txt /etc/umprov-v2.txt\n"),
+                           ("v2.txt", marker + "\n")):
+            info = tarfile.TarInfo(path)
+            info.size = len(data.encode())
+            tar.addfile(info, io.BytesIO(data.encode()))
+    context.seek(0)
+    v2, _logs = docker_client.images.build(fileobj=context, custom_context=True, tag=v2_tag,
+                                           rm=True)
+    try:
+        result = cli("deploy", str(LAB["inventory"]), "--limit", name, "--image", v2_tag,
+                     "--push", "--authorized-key", str(LAB["pubkey"]), "--json")
+        assert result.exit_code == 0, result.stderr
+        host = json.loads(result.stdout)["hosts"][0]
+        assert host["ok"] and host["status"] == "replaced"
+        # v1's layers (about 1.27 GB as saved) stay home; the new layer and the metadata cross.
+        assert host["skipped_bytes"] > 0.9 * LAB["image"]["size_bytes"]
+        assert 0 < host["pushed_bytes"] < 1_000_000
+        assert "already on the host" in result.stderr
+        assert host["image_id"] == v2.id
+        on_host = ssh(LAB["key"], LAB["known_hosts"], port,
+                      f"docker image inspect -f '{{{{.Id}}}}' {v2_tag}; "
+                      "docker inspect -f '{{.Image}}' umprov; "
+                      "docker exec umprov cat /etc/umprov-v2.txt")
+        assert on_host.returncode == 0, on_host.stderr
+        assert on_host.stdout.split() == [v2.id, v2.id, marker]
+    finally:
+        docker_client.images.remove(v2_tag, noprune=False)

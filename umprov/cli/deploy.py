@@ -26,7 +26,8 @@ from umprov.cli._common import (
               help="Pull the image from its registry on each host.")
 @click.option("--push", "delivery", flag_value="push",
               help="Stream the image from this machine (docker save over SSH into docker load); "
-              "hosts that have the same image ID are skipped.")
+              "hosts that have the same image ID are skipped, and layers a host already holds "
+              "are left out of its stream.")
 @click.option("--gpus", metavar="all|none|0,1", help="GPUs for the container (default: the host's "
               "umprov_gpus, else all).")
 @click.option("--ssh-port", type=int, help="Host port for SSH into the container (default 2222).")
@@ -147,4 +148,10 @@ def _push_cell(result: Any) -> str:
     if not result.pushed_bytes:
         return ""
     rate = result.pushed_bytes / result.push_seconds / 1e6 if result.push_seconds else 0.0
-    return f"{result.pushed_bytes / 1e6:.0f} MB, {rate:.0f} MB/s"
+    sent = result.pushed_bytes
+    cell = f"{sent / 1e6:.0f} MB" if sent >= 10**6 else f"{sent / 1e3:.0f} kB"
+    cell += f", {rate:.0f} MB/s" if rate >= 1 else f" in {result.push_seconds:.0f} s"
+    skipped = getattr(result, "skipped_bytes", 0)
+    if skipped:
+        cell += f" ({skipped / 1e6:.0f} MB already on the host)"
+    return cell
