@@ -217,8 +217,19 @@ def _private_dir() -> Path:
     return path
 
 
+def _command_errors(stderr: str) -> str:
+    """The lines of a failed command's stderr that say why (apt's E: lines before its W: ones)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E:")]
+    warnings = [line for line in lines if line.startswith("W:")]
+    return " ".join(errors + warnings) or (lines[-1] if lines else "")
+
+
 def _short_failure(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
+    if msg == "non-zero return code" and res.get("stderr"):
+        # A command task's own message says nothing; what the command printed does.
+        msg = f"{msg}: {_command_errors(str(res['stderr']))}"
     if not msg and res.get("results"):
         failed = [r for r in res["results"] if isinstance(r, dict) and r.get("failed")]
         if failed:

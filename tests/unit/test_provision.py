@@ -168,3 +168,18 @@ def test_strategy_auto_uses_mitogen_when_present(monkeypatch, tmp_path):
 def test_strategy_unknown():
     with pytest.raises(ConfigError, match="unknown strategy 'fast'"):
         provision.resolve_strategy("fast")
+
+
+def test_a_failed_command_reports_what_it_printed_not_only_its_return_code() -> None:
+    from umprov.provision import _short_failure
+
+    stderr = (
+        "W: GPG error: http://repo.example.com/libnvidia-container/stable/deb/amd64  InRelease: "
+        "The following signatures couldn't be verified: NO_PUBKEY 6ED91CA3AC1160CD\n"
+        "E: The repository 'http://repo.example.com/libnvidia-container/stable/deb/amd64  "
+        "InRelease' is not signed.\n"
+    )
+    failure = _short_failure({"msg": "non-zero return code", "stderr": stderr, "rc": 100})
+    assert failure.startswith("non-zero return code: E: The repository")
+    assert "libnvidia-container" in failure and "not signed" in failure
+    assert _short_failure({"msg": "boom", "stderr": "ignored"}) == "boom"
