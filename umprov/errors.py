@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     VERIFY_WARN = 12  # verification finished with warnings only
     VERIFY_FAIL = 13  # verification found a failing check
     INTERNAL = 70  # a bug in umprov: see the log file named in the message
+    HANGUP = 129  # SIGHUP: the terminal or SSH session went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
     TERMINATED = 143  # SIGTERM
 
@@ -65,8 +66,17 @@ class Interrupted(UmprovError):
 
 
 class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
-    """SIGTERM, raised in the main thread by the CLI's handler (exit 143).
+    """SIGTERM or SIGHUP, raised in the main thread by the CLI's handler (exit 143 or 129).
 
     A BaseException, like KeyboardInterrupt for SIGINT: the ``except Exception`` that keeps one
-    host's trouble from stopping the others must not swallow it, so a run stops everywhere.
+    host's trouble from stopping the others must not swallow it, so a run stops everywhere and
+    goes through the same clean-up as Ctrl-C.
     """
+
+    def __init__(self, signame: str = "SIGTERM") -> None:
+        super().__init__(signame)
+        self.signame = signame
+
+    @property
+    def exit_code(self) -> int:
+        return ExitCode.HANGUP if self.signame == "SIGHUP" else ExitCode.TERMINATED

@@ -184,7 +184,11 @@ def test_jupyter_kernel_runs_torch_with_token(jupyter: tuple[str, str]) -> None:
     )
     try:
         msg_id = uuid.uuid4().hex
-        code = "import torch\nint(torch.arange(10).sum().item() * 3)"
+        # The kernel must not inherit the token: `!env` would print it into the notebook.
+        code = (
+            "import os, torch\n"
+            "(int(torch.arange(10).sum().item() * 3), 'JUPYTER_TOKEN' in os.environ)"
+        )
         ws.send(json.dumps({
             "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
                        "session": uuid.uuid4().hex, "version": "5.3"},
@@ -204,7 +208,7 @@ def test_jupyter_kernel_runs_torch_with_token(jupyter: tuple[str, str]) -> None:
                 pytest.fail(f"kernel error: {msg['content']}")
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" and result:
                 break
-        assert result == "135"
+        assert result == "(135, False)"
     finally:
         ws.close()
         urllib.request.urlopen(urllib.request.Request(  # noqa: S310

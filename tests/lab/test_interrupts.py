@@ -48,7 +48,11 @@ TAG = "umprov/pytorch-cuda:pytest-lab"  # built by tests/lab/test_deploy.py too:
 EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine
 LOST = 4  # the host lost mid-run
 SLOW_CPUS = "0.1"  # the agent's container on a slow host: ~10x its usual 1.5 s
-SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
+SIGNALS = {
+    "SIGINT": (signal.SIGINT, 130),
+    "SIGTERM": (signal.SIGTERM, 143),
+    "SIGHUP": (signal.SIGHUP, 129),  # the terminal or SSH session closed
+}
 FIGURES: dict[str, Any] = {}
 LAB: dict[str, Any] = {}
 
@@ -249,7 +253,7 @@ def check_interrupted(run: Umprov, sig: str, what: str) -> None:
     assert rc == SIGNALS[sig][1], f"{what}: {sig} gave {run.explain()}"
     assert run.exit_after_signal is not None
     assert run.exit_after_signal <= EXIT_BOUND_S, f"{what}: {run.exit_after_signal:.1f} s"
-    assert ("interrupted" if sig == "SIGINT" else "terminated (SIGTERM)") in run.lines[-1]
+    assert ("interrupted" if sig == "SIGINT" else f"terminated ({sig})") in run.lines[-1]
     assert run.stdout.strip() == "", "an interrupted run printed a result"
     assert leftovers(run) == []
     assert state_problems() == []
@@ -343,6 +347,16 @@ def test_provision_sigterm_while_dpkg_runs() -> None:
     time.sleep(0.5)
     run.interrupt(signal.SIGTERM)
     check_interrupted(run, "SIGTERM", "provision, dpkg at work")
+
+
+def test_provision_sighup_while_apt_runs() -> None:
+    # A dropped SSH session: Python's default for SIGHUP would end umprov at once and leave
+    # ansible-playbook and its connections running.
+    run = provision()
+    first_host_with(APT_AT_WORK, range(1, HOSTS + 1), run=run)
+    time.sleep(0.5)
+    run.interrupt(signal.SIGHUP)
+    check_interrupted(run, "SIGHUP", "provision, apt at work, SIGHUP")
 
 
 def test_provision_host_lost_mid_run_others_converge() -> None:
@@ -517,7 +531,7 @@ def agent_processes(index: int) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_verify_signal_while_the_agent_runs(sig: str, tmp_path: Path) -> None:
     slow_host(1)
     try:

@@ -62,6 +62,44 @@ def test_sigterm_handler_raises_terminated_in_the_main_thread() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_sighup_stops_like_sigterm_and_exits_129(capsys: pytest.CaptureFixture[str]) -> None:
+    from umprov.cli import _on_sigterm
+
+    previous = signal.signal(signal.SIGHUP, _on_sigterm)
+
+    @cli.command("hangup")
+    def _cmd() -> None:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)
+        pytest.fail("SIGHUP did not stop the command")
+
+    try:
+        assert run(["hangup"]) == ExitCode.HANGUP == 129
+    finally:
+        cli.commands.pop("hangup", None)
+        signal.signal(signal.SIGHUP, previous)
+    assert capsys.readouterr().err.strip() == "umprov: terminated (SIGHUP)"
+
+
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN])
+def test_main_handles_sighup_unless_started_under_nohup(
+    inherited: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import umprov.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "run", lambda: 0)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
+    signal.signal(signal.SIGHUP, inherited)
+    try:
+        with pytest.raises(SystemExit):
+            cli_module.main()
+        expected = cli_module._on_sigterm if inherited is signal.SIG_DFL else signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) == expected
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 # ---------------------------------------------------------------------------------------------
 # umprov.parallel
 

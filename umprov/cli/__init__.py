@@ -7,6 +7,7 @@ command functions, so ``umprov --help`` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -115,8 +116,8 @@ def _log_internal_error(exc: BaseException) -> Path | None:
         return None
 
 
-def _on_sigterm(_signum: int, _frame: Any) -> None:
-    raise Terminated
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    raise Terminated(signal.Signals(signum).name)
 
 
 def run(args: list[str] | None = None) -> int:
@@ -143,9 +144,10 @@ def run(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("umprov: interrupted", err=True)
         return ExitCode.INTERRUPTED
-    except Terminated:
-        click.echo("umprov: terminated (SIGTERM)", err=True)
-        return ExitCode.TERMINATED
+    except Terminated as exc:
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone already
+            click.echo(f"umprov: terminated ({exc.signame})", err=True)
+        return exc.exit_code
     except BrokenPipeError:
         return ExitCode.OK
     except Exception as exc:  # the boundary: anything unexpected is a bug, reported once
@@ -162,6 +164,10 @@ def run(args: list[str] | None = None) -> int:
 def main() -> None:
     if threading_is_main():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        # A closed terminal or dropped SSH session: stop as on SIGTERM, with the clean-up
+        # (Python's default would end umprov at once and leave ansible-playbook running).
+        if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+            signal.signal(signal.SIGHUP, _on_sigterm)
     sys.exit(run())
 
 
