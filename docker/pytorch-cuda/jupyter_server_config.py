@@ -1,9 +1,15 @@
 # umprov container Jupyter server configuration (system-wide, /etc/jupyter).
-# The token is NEVER set here: the entrypoint passes it from the deploy through JUPYTER_TOKEN,
-# which jupyter_server's IdentityProvider reads, and refuses to start without one.
+# The token is never written here: the entrypoint passes it from the deploy in JUPYTER_TOKEN.
+# It is taken out of the environment at once, so kernels and terminals (children of this
+# process) do not inherit it: `!env` in a notebook would otherwise print it into the notebook.
 import os
 
 c = get_config()  # noqa: F821 (provided by Jupyter when it loads this file)
+
+_token = os.environ.pop("JUPYTER_TOKEN", "")
+if _token:
+    c.IdentityProvider.token = _token
+del _token
 
 c.ServerApp.ip = os.environ.get("JUPYTER_IP", "0.0.0.0")  # noqa: S104 (inside the container)
 c.ServerApp.port = int(os.environ.get("JUPYTER_PORT", "8888"))
