@@ -85,6 +85,21 @@ def test_run_document_verdict_and_exit_code():
     assert report.run_document([], 1.0)["verdict"] == "fail"
 
 
+def test_a_run_whose_only_failures_are_unreachable_hosts_exits_11():
+    ok = host_doc("a", [record("host", "host", "x", "pass")])
+    warn = host_doc("b", [record("host", "host", "x", "warn", hint="config")])
+    lost = report.failed_host_report("c", "agent.connect", "unreachable: c: connection refused")
+    no_container = report.failed_host_report("d", "agent.container", "no umprov container",
+                                             hint="config")
+    assert report.unreachable(lost) and not report.unreachable(no_container)
+    assert report.run_document([ok, lost], 1.0)["exit_code"] == 11
+    assert report.run_document([ok, warn, lost], 1.0)["exit_code"] == 11
+    # One reachable host failing a check is what the run is about: 13.
+    assert report.run_document([ok, lost, host_doc()], 1.0)["exit_code"] == 13
+    assert report.run_document([lost, no_container], 1.0)["exit_code"] == 13
+    assert report.run_document([lost], 1.0)["verdict"] == "fail"
+
+
 def test_table_rows_show_measured_limit_and_verdict():
     rows = report.table_rows([host_doc()])
     hbm = next(r for r in rows if r[2] == "gpu.hbm_copy")

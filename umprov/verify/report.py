@@ -21,7 +21,7 @@ from __future__ import annotations
 import socket
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +162,33 @@ def run_verdict(docs: Sequence[dict]) -> str:
     return worst(d["verdict"] for d in docs) if docs else "fail"
 
 
+def unreachable(doc: Mapping[str, Any]) -> bool:
+    """A host that failed only because it could not be reached (or was lost mid-run)."""
+    fails = [r for r in doc.get("records", []) if r.get("verdict") == "fail"]
+    return bool(fails) and all(
+        r.get("check") in ("agent.connect", "connect")
+        and str(r.get("detail") or "").startswith("unreachable:")
+        for r in fails
+    )
+
+
+def run_exit_code(docs: Sequence[dict]) -> ExitCode:
+    """As provision and deploy: 11 when the only failures are hosts that could not be reached,
+    13 as soon as one reachable host fails a check."""
+    verdict = run_verdict(docs)
+    failing = [d for d in docs if d["verdict"] == "fail"]
+    if verdict == "fail" and failing and all(unreachable(d) for d in failing):
+        return ExitCode.HOSTS_UNREACHABLE
+    return exit_code(verdict)
+
+
 def run_document(docs: Sequence[dict], seconds: float) -> dict:
     verdict = run_verdict(docs)
     return {
         "schema": RUN_SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "verdict": verdict,
-        "exit_code": int(exit_code(verdict)),
+        "exit_code": int(run_exit_code(docs)),
         "seconds": round(seconds, 2),
         "hosts": list(docs),
     }
