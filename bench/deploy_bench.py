@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,42 @@ def bench_deploy(lab: dict[str, Any], image: str, inv: str, pub: str) -> dict[st
     }
 
 
+def split_cpus(lab: dict[str, Any], name: str) -> Callable[[], None]:
+    """Give the sender and the lab hosts CPUs of their own, as on separate machines.
+
+    The last CPU goes to the lab hosts' containers (their sshd and their own dockerd, which
+    runs `docker load`); the others to this process (and so the ssh client, the docker CLI and
+    umprov it starts) and to this machine's dockerd and containerd (which run `docker save`).
+    Returns the function that puts everything back.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--split-cpus needs 2 CPUs at least")
+    sender, sink = cpus[:-1], cpus[-1]
+    sender_list = ",".join(map(str, sender))
+    everything = ",".join(map(str, cpus))
+    containers = [f"umprov-lab-{name}-{i}" for i in range(1, len(lab["hosts"]) + 1)]
+    # This machine's own daemons only: the lab hosts run a dockerd each, in their own PID
+    # namespace, and theirs belong to the sink.
+    own_ns = os.readlink("/proc/self/ns/pid")
+    daemons = [p for d in ("dockerd", "containerd") for p in sh(["pidof", d]).stdout.split()
+               if os.readlink(f"/proc/{p}/ns/pid") == own_ns]
+    for container in containers:
+        sh(["docker", "update", "--cpuset-cpus", str(sink), container])
+    for pid in daemons:
+        sh(["taskset", "-a", "-p", "-c", sender_list, pid])
+    os.sched_setaffinity(0, sender)
+
+    def restore() -> None:
+        os.sched_setaffinity(0, cpus)
+        for pid in daemons:
+            sh(["taskset", "-a", "-p", "-c", everything, pid])
+        for container in containers:
+            sh(["docker", "update", "--cpuset-cpus", everything, container])
+
+    return restore
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=4)
@@ -256,6 +293,9 @@ def main() -> int:
     parser.add_argument("--only", default="push,incremental,fanout,deploy",
                         help="Comma-separated sections to run.")
     parser.add_argument("--keep", action="store_true", help="Leave the lab up afterwards.")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="Sender on all CPUs but the last, lab hosts on the last one "
+                             "(separate machines, in miniature).")
     args = parser.parse_args()
     only = set(args.only.split(","))
     os.environ.setdefault("UMPROV_STATE_DIR", str(REPO / ".lab" / f"{args.lab}-state"))
@@ -271,10 +311,16 @@ def main() -> int:
     out: dict[str, Any] = {"image": args.image, "image_bytes": size, "hosts": args.hosts,
                            "cpus": os.cpu_count()}
 
-    if "push" in only:
-        out["push"] = bench_push(lab, args.image, inv, pub, args.repeat)
-    if "incremental" in only:
-        out["incremental"] = bench_incremental(lab, args.image, inv, pub, args.repeat)
+    restore = split_cpus(lab, args.lab) if args.split_cpus else None
+    out["split_cpus"] = bool(restore)
+    try:
+        if "push" in only:
+            out["push"] = bench_push(lab, args.image, inv, pub, args.repeat)
+        if "incremental" in only:
+            out["incremental"] = bench_incremental(lab, args.image, inv, pub, args.repeat)
+    finally:
+        if restore is not None:
+            restore()
     if "fanout" in only:
         out["push_all"] = bench_fanout(lab, args.image, inv, pub)
     if "deploy" in only:
