@@ -11,6 +11,10 @@ converge of 8 fresh hosts (tuned); the first converge of 1 fresh host under each
 ``--all-first`` also measures 4- and 8-host first converges under every setting (long).
 
     python bench/provision_bench.py [--lab bench-prov] [--hosts 1,4,8] [--all-first] [--keep]
+                                    [--repeat N] [--settings tuned,mitogen]
+
+``--repeat`` runs each no-op N times and reports the median (and every run); the last no-op
+is ``umprov provision`` itself on all hosts (ansible-runner, the default strategy).
 
 Results go to bench/results/provision.json. Needs the lab (a Docker engine) and, for the
 mitogen setting, the mitogen package in umprov's environment.
@@ -22,6 +26,7 @@ import argparse
 import configparser
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,6 +130,10 @@ def main() -> None:
         "--all-first", action="store_true", help="first converge per setting and size"
     )
     parser.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="no-op runs per setting and size; the median is reported")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="comma-separated subset of stock,tuned,mitogen")
     args = parser.parse_args()
     counts = sorted(int(c) for c in args.hosts.split(","))
     top = counts[-1]
@@ -134,17 +143,33 @@ def main() -> None:
     results: dict[str, Any] = {"first_converge": {}, "noop": {}}
     with tempfile.TemporaryDirectory() as tmp:
         envs = write_configs(Path(tmp))
-        settings = [s for s in SETTINGS if s in envs]
-        skipped = [s for s in SETTINGS if s not in envs]
+        wanted = args.settings.split(",")
+        settings = [s for s in SETTINGS if s in envs and s in wanted]
+        skipped = [s for s in SETTINGS if s not in envs and s in wanted]
         fresh(args.lab, list(range(1, top + 1)))
         run = play(inventory, names[:top], envs["tuned"])
         results["first_converge"][f"tuned/{top}"] = run
         print(f"first converge, tuned, {top} hosts: {run}", file=sys.stderr)
         for setting in settings:
             for count in counts:
-                run = play(inventory, names[:count], envs[setting])
+                runs = [play(inventory, names[:count], envs[setting]) for _ in range(args.repeat)]
+                run = {"seconds": statistics.median(r["seconds"] for r in runs),
+                       "runs_s": [r["seconds"] for r in runs],
+                       "changed": max(r["changed"] for r in runs)}
                 results["noop"][f"{setting}/{count}"] = run
                 print(f"no-op, {setting}, {count} hosts: {run}", file=sys.stderr)
+        # What a user runs: umprov itself (ansible-runner, default strategy), all hosts.
+        runs = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            doc = umprov("provision", inventory)
+            changed = sum(int(h.get("changed") or 0) for h in doc.get("hosts", []))
+            runs.append({"seconds": round(time.perf_counter() - start, 1), "changed": changed})
+        run = {"seconds": statistics.median(r["seconds"] for r in runs),
+               "runs_s": [r["seconds"] for r in runs],
+               "changed": max(r["changed"] for r in runs), "strategy": doc.get("strategy")}
+        results["noop"][f"umprov/{top}"] = run
+        print(f"no-op, umprov provision, {top} hosts: {run}", file=sys.stderr)
         first_sizes = counts if args.all_first else [counts[0]]
         for setting in settings:
             for count in first_sizes:
