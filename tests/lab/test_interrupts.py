@@ -341,22 +341,18 @@ def test_provision_sigint_while_apt_runs() -> None:
         time.sleep(1)
 
 
-def test_provision_sigterm_while_dpkg_runs() -> None:
-    run = provision()
-    first_host_with(DPKG_AT_WORK, range(1, HOSTS + 1), run=run)
-    time.sleep(0.5)
-    run.interrupt(signal.SIGTERM)
-    check_interrupted(run, "SIGTERM", "provision, dpkg at work")
-
-
-def test_provision_sighup_while_apt_runs() -> None:
+@pytest.mark.parametrize(("sig", "at_work", "what"), [
+    ("SIGTERM", DPKG_AT_WORK, "provision, dpkg at work"),
     # A dropped SSH session: Python's default for SIGHUP would end umprov at once and leave
     # ansible-playbook and its connections running.
+    ("SIGHUP", APT_AT_WORK, "provision, apt at work, SIGHUP"),
+], ids=["SIGTERM", "SIGHUP"])
+def test_provision_signal_while_apt_or_dpkg_runs(sig: str, at_work: str, what: str) -> None:
     run = provision()
-    first_host_with(APT_AT_WORK, range(1, HOSTS + 1), run=run)
+    first_host_with(at_work, range(1, HOSTS + 1), run=run)
     time.sleep(0.5)
-    run.interrupt(signal.SIGHUP)
-    check_interrupted(run, "SIGHUP", "provision, apt at work, SIGHUP")
+    run.interrupt(SIGNALS[sig][0])
+    check_interrupted(run, sig, what)
 
 
 def test_provision_host_lost_mid_run_others_converge() -> None:

@@ -5,28 +5,23 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit.fakes import FakeHost as _FakeHost
 from umprov import deploy
 from umprov.errors import ConfigError, ExitCode
 
+
+def FakeHost(**fields: Any) -> _FakeHost:  # noqa: N802 - stands in for the class
+    """A GPU host with a key file."""
+    return _FakeHost(**{"key_file": "/keys/ops", **fields})
+
 ANY = "0.0.0.0"  # noqa: S104 (a value under test, nothing binds)
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC4xqZ1vUQ0n0Fvh5yq0i7XGkQm0sKQdLqJ6dW7b7c1T me@laptop"
-
-
-@dataclass(frozen=True)
-class FakeHost:
-    name: str = "gpu1"
-    address: str = "10.0.0.5"
-    port: int = 22
-    user: str | None = "ops"
-    key_file: str | None = "/keys/ops"
-    known_hosts: str | None = None
-    vars: dict[str, Any] = field(default_factory=dict)
 
 
 @pytest.fixture(autouse=True)

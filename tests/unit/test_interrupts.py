@@ -16,7 +16,6 @@ import sys
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import click
 import pytest
 
+from tests.unit.fakes import FakeHost
 from umprov import deploy, procs, provision
 from umprov.cli import cli, run
 from umprov.errors import ExitCode, Terminated
@@ -279,17 +279,6 @@ KEY_BLOB = base64.b64encode(
     b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(range(32))).decode()
 HOST_KEY = f"ssh-ed25519 {KEY_BLOB}"
 NEVER = "0001-01-01T00:00:00Z"
-
-
-@dataclass(frozen=True)
-class FakeHost:
-    name: str = "gpu1"
-    address: str = "10.0.0.5"
-    port: int = 22
-    user: str | None = "ops"
-    key_file: str | None = None
-    known_hosts: str | None = None
-    vars: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeContainer:

@@ -5,24 +5,20 @@ from __future__ import annotations
 import socket
 import stat
 import threading
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
 import pytest
 
+from tests.unit.fakes import FakeHost as _FakeHost
 from umprov import ssh
 from umprov.errors import ExitCode, TrustError
 
 
-@dataclass(frozen=True)
-class FakeHost:
-    name: str = "gpu1"
-    address: str = "127.0.0.1"
-    port: int = 2222
-    user: str | None = "lab"
-    key_file: str | None = None
-    known_hosts: str | None = None
+def FakeHost(**fields: Any) -> _FakeHost:  # noqa: N802 - stands in for the class
+    """A lab host: loopback, port 2222, user lab."""
+    return _FakeHost(**{"address": "127.0.0.1", "port": 2222, "user": "lab", **fields})
 
 
 @pytest.fixture(autouse=True)
