@@ -431,6 +431,19 @@ def _stop_playbook(thread: threading.Thread, cancel: threading.Event, runner: An
         _wait_thread(thread, CANCEL_POLL_S + 6)  # it reads the child's last output, up to 5 s
         with contextlib.suppress(Exception):  # the artifacts lose their copy of the environment
             _scrub_artifacts(Path(runner.config.artifact_dir))
+        with contextlib.suppress(Exception):
+            _settle_rc(Path(runner.config.artifact_dir))
+
+
+RC_CANCELED = 254  # ansible-runner's rc for a run it canceled
+
+
+def _settle_rc(artifact_dir: Path) -> None:
+    """A playbook killed before ansible-runner saw the cancel leaves ``rc`` saying "None" (the
+    child had no exit status, only a signal); record it as the canceled run it was."""
+    rc = artifact_dir / "rc"
+    if rc.exists() and not rc.read_text().strip().lstrip("-").isdigit():
+        write_private(rc, str(RC_CANCELED))
 
 
 # Variables ansible-playbook and ssh need; ansible-runner copies the whole environment into its

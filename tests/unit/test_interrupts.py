@@ -489,3 +489,13 @@ def test_end_of_an_agent_run_kills_its_marked_processes_and_removes_its_folder(
         for proc in [*marked, other]:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize(("written", "kept"), [("None", "254"), ("", "254"), ("0", "0"),
+                                               ("-15", "-15"), ("2\n", "2\n")])
+def test_a_killed_playbook_leaves_a_numeric_rc(tmp_path: Path, written: str, kept: str) -> None:
+    # ansible-runner writes "None" when the child was killed before it saw the cancel.
+    (tmp_path / "rc").write_text(written)
+    provision._settle_rc(tmp_path)
+    assert (tmp_path / "rc").read_text() == kept
+    provision._settle_rc(tmp_path / "missing")  # no rc file: nothing to do
