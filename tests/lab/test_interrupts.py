@@ -517,8 +517,15 @@ def test_deploy_rerun_completes_the_lost_host(image: str) -> None:
 
 
 def slow_host(index: int, cpus: str = SLOW_CPUS) -> None:
+    """Limit the host's deployed container to ``cpus``; ``fast_host`` lifts it."""
     done = on_host(index, f"docker update --cpus {cpus} umprov")
     assert done.returncode == 0, done.stderr
+
+
+def fast_host(index: int) -> None:
+    # `docker update --cpus 0` leaves the old limit in place (0 means "unchanged" to the
+    # update API): the container gets every CPU of the host instead.
+    slow_host(index, "$(nproc)")
 
 
 def agent_processes(index: int) -> str:
@@ -542,7 +549,7 @@ def test_verify_signal_while_the_agent_runs(sig: str, tmp_path: Path) -> None:
         assert agent_processes(1) == "", "agent processes or files left in the container"
         assert not junit.exists() and not (prom / "umprov_verify.prom").exists()
     finally:
-        slow_host(1, "0")
+        fast_host(1)
 
 
 def test_verify_host_lost_while_the_agent_runs(tmp_path: Path) -> None:
@@ -566,7 +573,8 @@ def test_verify_host_lost_while_the_agent_runs(tmp_path: Path) -> None:
             continue
         doc = docs[host(index)]
         failed = [r["check"] for r in doc["records"] if r["verdict"] == "fail"]
-        assert failed == ["host.gpu_visible"], (host(index), doc["records"])
+        why = [(r["check"], r["detail"]) for r in doc["records"] if r["verdict"] == "fail"]
+        assert failed == ["host.gpu_visible"], (host(index), why)
         assert agent_processes(index) == ""
     assert any(line.startswith(lost) and "agent.connect" in line for line in run.lines)
     assert junit.read_text().count("<testsuite ") == HOSTS
