@@ -45,6 +45,7 @@ from umprov.verify.agent import (
     record,
     worst,
 )
+from umprov.verify.report import UNREACHABLE
 
 Progress = Callable[[str, str], None]
 LABEL = "org.umprov.multinode"
@@ -495,7 +496,7 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
         st.client = docker_client(st.host, trust_new=opts.trust_new, timeout=opts.timeout)
         st.client.ping()
     except UmprovError as exc:
-        return _failed(st, "connect", f"unreachable: {exc}", "config")
+        return _failed(st, "connect", f"{UNREACHABLE}{exc}", "config")
     except Exception as exc:  # the engine is down or refuses: the host cannot join
         return _failed(st, "connect", f"Docker unreachable: {_docker_text(exc)}", "config")
     deployed_name = str(st.run.vars.get("umprov_container_name") or "umprov")

@@ -24,7 +24,7 @@ from typing import Any
 
 from umprov.errors import UmprovError
 from umprov.parallel import Cancelled, Parallel
-from umprov.verify.report import checked, failed_host_report
+from umprov.verify.report import UNREACHABLE, checked, failed_host_report
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 Progress = Callable[[str, str], None]
@@ -275,7 +275,7 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
         return doc
     except Unreachable as exc:  # before or during the run (the host lost: no reconnect)
         progress(host.name, "unreachable")
-        return failed_host_report(host.name, "agent.connect", f"unreachable: {exc}", mode=mode)
+        return failed_host_report(host.name, "agent.connect", f"{UNREACHABLE}{exc}", mode=mode)
     except UmprovError as exc:
         progress(host.name, "failed")
         return failed_host_report(host.name, "agent.connect", str(exc), hint="config",
@@ -285,7 +285,7 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
         if client is not None and connection_lost(client, exc):
             progress(host.name, "unreachable")
             return failed_host_report(
-                host.name, "agent.connect", f"unreachable: {host.name}: the connection was "
+                host.name, "agent.connect", f"{UNREACHABLE}{host.name}: the connection was "
                 f"lost mid-run ({type(exc).__name__}: {text})", mode=mode)
         progress(host.name, "failed")
         return failed_host_report(host.name, "agent.docker", f"{type(exc).__name__}: {text}",

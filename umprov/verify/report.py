@@ -162,12 +162,17 @@ def run_verdict(docs: Sequence[dict]) -> str:
     return worst(d["verdict"] for d in docs) if docs else "fail"
 
 
+# How a host that could not be reached is written in its failing record's detail; the writers
+# (remote.py, multinode.py) and unreachable() below share it.
+UNREACHABLE = "unreachable: "
+
+
 def unreachable(doc: Mapping[str, Any]) -> bool:
     """A host that failed only because it could not be reached (or was lost mid-run)."""
     fails = [r for r in doc.get("records", []) if r.get("verdict") == "fail"]
     return bool(fails) and all(
         r.get("check") in ("agent.connect", "connect")
-        and str(r.get("detail") or "").startswith("unreachable:")
+        and str(r.get("detail") or "").startswith(UNREACHABLE)
         for r in fails
     )
 
