@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import threading
 import time
@@ -225,8 +226,20 @@ def _command_errors(stderr: str) -> str:
     return " ".join(errors + warnings) or (lines[-1] if lines else "")
 
 
+# The shell's words for a missing interpreter (dash, bash), as Mitogen's bootstrap or a module run
+# reports them: the raw text ("EOF on stream ...") does not say what to do.
+_NO_PYTHON = re.compile(r"(/\S*python[\d.]*): (?:No such file or directory|not found)")
+
+
 def _short_failure(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
+    said = (res.get(k) or "" for k in ("msg", "module_stdout", "module_stderr", "stderr"))
+    missing = _NO_PYTHON.search(" ".join(str(text) for text in said))
+    if missing:
+        return (
+            f"no Python at {missing.group(1)} on this host: install python3 there, or set "
+            "ansible_python_interpreter for the host in the inventory"
+        )
     if msg == "non-zero return code" and res.get("stderr"):
         # A command task's own message says nothing; what the command printed does.
         msg = f"{msg}: {_command_errors(str(res['stderr']))}"

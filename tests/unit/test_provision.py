@@ -183,3 +183,23 @@ def test_a_failed_command_reports_what_it_printed_not_only_its_return_code() -> 
     assert failure.startswith("non-zero return code: E: The repository")
     assert "libnvidia-container" in failure and "not signed" in failure
     assert _short_failure({"msg": "boom", "stderr": "ignored"}) == "boom"
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        # Mitogen's bootstrap (bash on the host), as a lab host without /usr/bin/python3 said it.
+        {"msg": "Task failed: EOF on stream; last 100 lines received: bash: line 1: "
+                "/usr/bin/python3: No such file or directory"},
+        # The linear strategy: dash runs the module's shebang line.
+        {"msg": "The module failed to execute correctly, you probably need to set the interpreter.",
+         "module_stderr": "/bin/sh: 1: /usr/bin/python3: not found\n", "rc": 127},
+    ],
+)
+def test_a_host_without_the_named_python_gets_a_hint_not_the_raw_text(result) -> None:
+    from umprov.provision import _short_failure
+
+    assert _short_failure(result) == (
+        "no Python at /usr/bin/python3 on this host: install python3 there, or set "
+        "ansible_python_interpreter for the host in the inventory"
+    )
