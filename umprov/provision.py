@@ -233,8 +233,15 @@ _NO_PYTHON = re.compile(r"(/\S*python[\d.]*): (?:No such file or directory|not f
 
 def _short_failure(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
-    said = (res.get(k) or "" for k in ("msg", "module_stdout", "module_stderr", "stderr"))
-    missing = _NO_PYTHON.search(" ".join(str(text) for text in said))
+    # gather_facts nests each fact module's own result under failed_modules.
+    nested = res.get("failed_modules")
+    parts = [res, *(nested.values() if isinstance(nested, dict) else ())]
+    said = (
+        str(part.get(k) or "")
+        for part in parts if isinstance(part, dict)
+        for k in ("msg", "module_stdout", "module_stderr", "stderr")
+    )
+    missing = _NO_PYTHON.search(" ".join(said))
     if missing:
         return (
             f"no Python at {missing.group(1)} on this host: install python3 there, or set "

@@ -194,6 +194,10 @@ def test_a_failed_command_reports_what_it_printed_not_only_its_return_code() -> 
         # The linear strategy: dash runs the module's shebang line.
         {"msg": "The module failed to execute correctly, you probably need to set the interpreter.",
          "module_stderr": "/bin/sh: 1: /usr/bin/python3: not found\n", "rc": 127},
+        # ... and gather_facts nests that result under failed_modules.
+        {"msg": "The following modules failed to execute: ansible.legacy.setup.",
+         "failed_modules": {"ansible.legacy.setup": {
+             "module_stderr": "/bin/sh: 1: /usr/bin/python3: not found\n", "rc": 127}}},
     ],
 )
 def test_a_host_without_the_named_python_gets_a_hint_not_the_raw_text(result) -> None:
