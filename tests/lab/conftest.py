@@ -63,3 +63,22 @@ def ssh(key: Path, known_hosts: Path, port: int, command: str, user: str = "lab"
         text=True,
         timeout=60,
     )
+
+
+# A test that signals umprov must not depend on how pytest was started: a shell starts
+# background jobs with SIGINT ignored, nohup ignores SIGHUP, and both survive exec, so
+# `nohup make test &` would turn the interrupt tests into runs that cannot be interrupted.
+_DEFAULT_SIGNALS = (
+    "import os, signal, sys\n"
+    "for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):\n"
+    "    signal.signal(s, signal.SIG_DFL)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'umprov', *sys.argv[1:]])\n"
+)
+
+
+def umprov_argv(*args: str) -> list[str]:
+    """argv for `python -m umprov ARGS` with SIGINT, SIGHUP and SIGTERM at their defaults."""
+    import sys
+
+    return [sys.executable, "-c", _DEFAULT_SIGNALS, *args]
+

@@ -28,7 +28,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
+from tests.lab.conftest import umprov_argv
 
 pytestmark = pytest.mark.lab
 
@@ -92,7 +92,7 @@ class Umprov:
         self.args = args
         self.started = time.monotonic()
         self.proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "umprov", *args], stdin=subprocess.DEVNULL,
+            umprov_argv(*args), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True, env=dict(os.environ))
         self.lines: list[str] = []

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
+from tests.lab.conftest import umprov_argv
 
 pytestmark = pytest.mark.lab
 
@@ -134,11 +135,10 @@ def test_ctrl_c_leaves_nothing_running(docker_client: Any) -> None:
     import os
     import signal
     import subprocess
-    import sys
 
     proc = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "umprov", "verify", LAB["inventory"], "--multi-node",
-         "--backend", "gloo", "--timeout", str(TIMEOUT)],
+        umprov_argv("verify", LAB["inventory"], "--multi-node",
+                    "--backend", "gloo", "--timeout", str(TIMEOUT)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         first = lab_container(docker_client, 0)
