@@ -15,6 +15,16 @@ from umprov.cli import run
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as in a terminal, however pytest was started: a shell starts a background job
+    (`nohup make test &`) with SIGINT ignored, Python then keeps it ignored, and the tests that
+    interrupt the main thread (_thread.interrupt_main) would wait forever."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class _Boundary(click.Command):
     """Lets CliRunner drive umprov through its real error boundary (umprov.cli.run)."""
 
