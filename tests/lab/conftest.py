@@ -81,4 +81,3 @@ def umprov_argv(*args: str) -> list[str]:
     import sys
 
     return [sys.executable, "-c", _DEFAULT_SIGNALS, *args]
-
