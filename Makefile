@@ -51,7 +51,7 @@ demo: sysdeps venv
 	@echo "demo done: lab '$(LAB)': inventory/lab/$(LAB).yml; 'umprov status --connect lab-$(LAB)-1' to log in; 'make lab-down LAB=$(LAB)' removes it"
 
 test: sysdeps venv
-	$(BIN)/ruff check umprov tests bench
+	$(BIN)/ruff check .
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: venv
@@ -64,7 +64,7 @@ test-gpu: venv
 	$(BIN)/pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check umprov tests bench
+	$(BIN)/ruff check .
 	$(BIN)/yamllint .
 	$(BIN)/ansible-lint
 

@@ -17,7 +17,8 @@ description:
   - Changes nothing; supports check mode.
 options:
   gpu_models:
-    description: PCI device ID (four lowercase hex digits) to a dict with C(model) and C(generation).
+    description:
+      - PCI device ID (four lowercase hex digits) to a dict with C(model) and C(generation).
     type: dict
     default: {}
   nvidia_smi_paths:
@@ -163,9 +164,11 @@ def pci_devices(gpu_models):
             gpus.append(entry)
         elif pci_class.startswith("0x0680"):
             switches.append(entry)
-    proc_switches = sorted(os.listdir("/proc/driver/nvidia-nvswitch/devices")) if os.path.isdir(
-        "/proc/driver/nvidia-nvswitch/devices"
-    ) else []
+    proc_switches = (
+        sorted(os.listdir("/proc/driver/nvidia-nvswitch/devices"))
+        if os.path.isdir("/proc/driver/nvidia-nvswitch/devices")
+        else []
+    )
     return gpus, switches, proc_switches
 
 
@@ -181,16 +184,28 @@ def secure_boot(module, timeout):
         if "not supported" in text or "efi variables are not supported" in text:
             return {"enabled": False, "method": "mokutil", "detail": (out + err).strip()}
     if not os.path.isdir("/sys/firmware/efi"):
-        return {"enabled": False, "method": "no_efi", "detail": "no /sys/firmware/efi: legacy BIOS or no EFI"}
+        return {
+            "enabled": False,
+            "method": "no_efi",
+            "detail": "no /sys/firmware/efi: legacy BIOS or no EFI",
+        }
     var = os.path.join("/sys/firmware/efi/efivars", SECURE_BOOT_VAR)
     try:
         with open(var, "rb") as fh:
             data = fh.read()
     except OSError as exc:
-        return {"enabled": False, "method": "unknown", "detail": "EFI present, %s unreadable: %s" % (var, exc)}
+        return {
+            "enabled": False,
+            "method": "unknown",
+            "detail": "EFI present, %s unreadable: %s" % (var, exc),
+        }
     # efivarfs: 4 bytes of attributes, then the value (one byte, 1 = enabled).
     enabled = len(data) >= 5 and data[4] == 1
-    return {"enabled": enabled, "method": "efivars", "detail": "SecureBoot=%d" % (data[4] if len(data) >= 5 else -1)}
+    return {
+        "enabled": enabled,
+        "method": "efivars",
+        "detail": "SecureBoot=%d" % (data[4] if len(data) >= 5 else -1),
+    }
 
 
 def _release_key(release):
@@ -203,13 +218,18 @@ def dpkg_status(module, names, timeout):
     if not dpkg_query or not names:
         return {}
     rc, out, _err = _run(
-        module, [dpkg_query, "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *names], timeout
+        module,
+        [dpkg_query, "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *names],
+        timeout,
     )
     result = {}
     for line in out.splitlines():
         parts = line.split("\t")
         if len(parts) >= 3:
-            result[parts[0]] = {"version": parts[1], "installed": parts[2].strip()[:2] in ("ii", "hi")}
+            result[parts[0]] = {
+                "version": parts[1],
+                "installed": parts[2].strip()[:2] in ("ii", "hi"),
+            }
     return result
 
 
@@ -217,7 +237,7 @@ def kernel_facts(module, timeout):
     running = os.uname().release
     installed = set()
     for path in glob.glob("/boot/vmlinuz-*"):
-        installed.add(os.path.basename(path)[len("vmlinuz-"):])
+        installed.add(os.path.basename(path)[len("vmlinuz-") :])
     for path in glob.glob("/lib/modules/*/modules.dep"):
         installed.add(os.path.basename(os.path.dirname(path)))
     releases = sorted(installed | {running}, key=_release_key)
@@ -227,7 +247,9 @@ def kernel_facts(module, timeout):
     apt_cache = shutil.which("apt-cache")
     for release in releases:
         pkg = "linux-headers-%s" % release
-        present = os.path.isdir("/lib/modules/%s/build" % release) or os.path.isdir("/usr/src/%s" % pkg)
+        present = os.path.isdir("/lib/modules/%s/build" % release) or os.path.isdir(
+            "/usr/src/%s" % pkg
+        )
         candidate = ""
         if not present and apt_cache:
             _rc, out, _err = _run(module, [apt_cache, "policy", pkg], timeout)
@@ -273,11 +295,18 @@ def driver_facts(module, extra_paths, patterns, timeout):
         bindir = os.path.dirname(os.path.realpath(candidate))
         root = os.path.dirname(bindir)
         env = dict(os.environ)
-        libdirs = [d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib")) if os.path.isdir(d)]
+        libdirs = [
+            d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib")) if os.path.isdir(d)
+        ]
         if libdirs and not root.startswith("/usr"):
-            env["LD_LIBRARY_PATH"] = ":".join(libdirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+            env["LD_LIBRARY_PATH"] = ":".join(libdirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(
+                ":"
+            )
         rc, out, err = _run(
-            module, [candidate, "--query-gpu=driver_version", "--format=csv,noheader"], timeout, env=env
+            module,
+            [candidate, "--query-gpu=driver_version", "--format=csv,noheader"],
+            timeout,
+            env=env,
         )
         smi_path, smi_rc = candidate, rc
         if rc == 0 and out.strip():
@@ -345,11 +374,14 @@ def check_inputs(module):
                 "(gpu_preflight_fail_on_unsupported_os=false turns this into a warning.)" % text
             )
         else:
-            module.warn("%s Continuing because gpu_preflight_fail_on_unsupported_os is false." % text)
+            module.warn(
+                "%s Continuing because gpu_preflight_fail_on_unsupported_os is false." % text
+            )
     unknown = sorted(set(params["unknown_variables"]))
     if unknown:
-        text = "Unknown variable(s): %s. They carry a umprov role prefix but no role defines them" % (
-            ", ".join(unknown)
+        text = (
+            "Unknown variable(s): %s. They carry a umprov role prefix but no role defines them"
+            % (", ".join(unknown))
         )
         if params["fail_on_unknown_variables"]:
             problems.append(

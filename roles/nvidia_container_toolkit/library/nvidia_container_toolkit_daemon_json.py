@@ -98,7 +98,10 @@ def engine_runtimes(timeout=30):
     try:
         proc = subprocess.run(  # noqa: S603
             [docker, "info", "--format", "{{json .Runtimes}}"],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -119,7 +122,9 @@ def main():
             runtime_path=dict(type="str", required=True),
             set_default=dict(type="bool", default=False),
             options=dict(type="dict", default={}),
-            dockerd_paths=dict(type="list", elements="path", default=["/usr/bin/dockerd", "/usr/sbin/dockerd"]),
+            dockerd_paths=dict(
+                type="list", elements="path", default=["/usr/bin/dockerd", "/usr/sbin/dockerd"]
+            ),
             check_engine=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
@@ -138,12 +143,16 @@ def main():
             try:
                 existing = json.loads(before_text)
             except ValueError as exc:
-                module.fail_json(msg="%s is not valid JSON (%s); fix it by hand first." % (path, exc))
+                module.fail_json(
+                    msg="%s is not valid JSON (%s); fix it by hand first." % (path, exc)
+                )
             if not isinstance(existing, dict):
                 module.fail_json(msg="%s is not a JSON object; fix it by hand first." % path)
 
     wanted = merge(existing, p["options"])
-    wanted = merge(wanted, {"runtimes": {p["runtime_name"]: {"path": p["runtime_path"], "args": []}}})
+    wanted = merge(
+        wanted, {"runtimes": {p["runtime_name"]: {"path": p["runtime_path"], "args": []}}}
+    )
     if p["set_default"]:
         wanted["default-runtime"] = p["runtime_name"]
     file_changed = wanted != existing or not os.path.exists(path)
@@ -180,8 +189,12 @@ def main():
         daemon=wanted,
     )
     if module._diff and file_changed:
-        result["diff"] = {"before": before_text, "after": after_text,
-                          "before_header": path, "after_header": path}
+        result["diff"] = {
+            "before": before_text,
+            "after": after_text,
+            "before_header": path,
+            "after_header": path,
+        }
     module.exit_json(**result)
 
 
