@@ -9,6 +9,7 @@ import json
 import posixpath
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -518,3 +519,40 @@ def test_progress_percentage_never_passes_99_before_the_end() -> None:
     assert _percent(614, 1228) == " (~50%)"
     assert _percent(5, 0) == ""
     assert _mb(51_200) == "51 kB" and _mb(1_273_525_760) == "1274 MB" and _mb(0) == "0 MB"
+
+
+def test_push_splits_the_transfer_from_the_hosts_load() -> None:
+    """The host's docker load registers the layers only after the stream has ended; the result
+    and the progress say how long each part took."""
+    v2 = FakeImage(LAYERS, tag="fake/image:v2")
+    engine = FakeEngine()
+    original = engine.load_image
+
+    def slow_registration(data: Iterator[bytes]) -> Iterator[dict[str, str]]:
+        raw = b"".join(data)  # the whole body read: from here on, no more transfer
+        time.sleep(0.3)
+        yield from original(iter([raw]))
+
+    engine.load_image = slow_registration  # type: ignore[method-assign]
+    states, messages, _ = _push({"h": engine}, v2)
+    result = states[0].result
+    assert states[0].image_id == v2.image_id
+    assert 0 < result.push_stream_seconds <= result.push_seconds - 0.3
+    assert result.to_dict()["push_stream_seconds"] == round(result.push_stream_seconds, 2)
+    texts = [m for _, m in messages]
+    assert any("the host's docker load is registering the layers" in m for m in texts)
+    assert any(m.startswith("pushed ") and "(sent in " in m and ", loaded in " in m
+               for m in texts)
+
+
+def test_push_cell_shows_the_transfer_rate_and_the_load_time() -> None:
+    from umprov.cli.deploy import _push_cell
+    from umprov.deploy import HostResult
+
+    result = HostResult("h", pushed_bytes=1_274_000_000, push_seconds=24.4,
+                        push_stream_seconds=12.7)
+    assert _push_cell(result) == "1274 MB in 24 s: sent at 100 MB/s, loaded in 12 s"
+    small = HostResult("h", pushed_bytes=51_200, push_seconds=10.1, push_stream_seconds=0.2,
+                       skipped_bytes=1_273_500_000)
+    assert _push_cell(small) == "51 kB in 10 s (1274 MB already on the host)"
+    assert _push_cell(HostResult("h")) == ""
