@@ -12,6 +12,8 @@ have dpkg-deb || need="$need dpkg-dev"
 have apt-ftparchive || need="$need apt-utils"
 have gpg || need="$need gnupg"
 have gpgv || need="$need gpgv"
+# The lab registry (`umprov lab up --registry`, the --pull tests) runs Debian's registry binary.
+[ -x /usr/bin/docker-registry ] || need="$need docker-registry"
 python3 -c 'import ensurepip, venv' 2>/dev/null || need="$need python3-venv"
 have make || need="$need make"
 [ -z "$need" ] && exit 0
@@ -25,3 +27,9 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $need >/dev/null
+case "$need" in
+  *docker-registry*)
+    # Only the binary is wanted (the lab runs it in a container): no registry service here.
+    if [ -d /run/systemd/system ]; then systemctl disable --now docker-registry >/dev/null 2>&1 || true; fi
+    ;;
+esac

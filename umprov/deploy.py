@@ -531,6 +531,38 @@ def _load_into(client: Any, data: Iterator[bytes]) -> None:
         raise UmprovError(f"docker load failed: {_docker_message(exc)}") from None
 
 
+def pull_image(
+    client: Any, ref: str, say: Callable[[str], None], every: float = 1.0
+) -> str:
+    """``docker pull`` on the host's engine with a byte count every ``every`` seconds; the
+    image ID. The engine's own error (unknown tag, an untrusted certificate, no credentials)
+    is raised as it says it."""
+    from docker.utils import parse_repository_tag
+
+    repository, tag = parse_repository_tag(ref)
+    layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes so far, size)
+    last = time.monotonic()
+    for event in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+        if event.get("error"):
+            text = event.get("errorDetail", {}).get("message") or event["error"]
+            raise DeployFailed(f"pulling {ref} failed: {' '.join(str(text).split())[:300]}")
+        detail = event.get("progressDetail") or {}
+        layer = event.get("id", "")
+        if event.get("status") == "Downloading" and detail.get("total"):
+            layers[layer] = (int(detail.get("current", 0)), int(detail["total"]))
+        elif event.get("status") in ("Download complete", "Pull complete",
+                                     "Already exists") and layer in layers:
+            layers[layer] = (layers[layer][1], layers[layer][1])
+        now = time.monotonic()
+        if layers and now - last >= every:
+            last = now
+            done = sum(d for d, _ in layers.values())
+            total = sum(t for _, t in layers.values())
+            say(f"pulling: {_mb(done)} of {_mb(total)} (compressed) from "
+                f"{len(layers)} layer(s)")
+    return str(client.images.get(ref).id)
+
+
 def _skip_plan(st: _HostState, diff_ids: list[str] | None, progress: Progress) -> dict[str, str]:
     """Which of the image's layers this host's engine already holds ({diff ID: chain ID});
     empty (the full stream) unless everything about the host looks as expected."""
@@ -1029,7 +1061,8 @@ def _phase_connect(
         elif opts.delivery == "pull":
             progress(st.host.name, f"pulling {st.settings.image}")
             try:
-                st.image_id = str(st.client.images.pull(st.settings.image).id)
+                st.image_id = pull_image(st.client, st.settings.image,
+                                         lambda msg: progress(st.host.name, msg))
             except (APIError, DockerException) as exc:
                 raise DeployFailed(
                     f"pulling {st.settings.image} failed: {_docker_message(exc)}"

@@ -127,10 +127,12 @@ class LabResult:
     key_file: Path
     hosts: list[LabHost]
     changes: list[str]
+    registry: Any = None  # lab_registry.LabRegistry when the lab has one
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "lab": self.lab,
+            "registry": self.registry.to_dict() if self.registry else None,
             "inventory": str(self.inventory),
             "known_hosts": str(self.known_hosts),
             "key_file": str(self.key_file),
@@ -466,8 +468,17 @@ def host_name(name: str, index: int) -> str:
 # Inventory
 
 
-def render_inventory(name: str, hosts: list[LabHost], key_file: Path, known_hosts: Path) -> str:
+def render_inventory(
+    name: str, hosts: list[LabHost], key_file: Path, known_hosts: Path, registry: Any = None
+) -> str:
     import yaml
+
+    extra: dict[str, Any] = {}
+    if registry is not None:
+        # The docker_engine role installs the lab CA where the engines look for it.
+        extra["docker_engine_registry_ca_certs"] = [
+            {"registry": registry.address, "certificate": registry.ca_file.read_text()}
+        ]
 
     group = {
         "hosts": {h.name: {"ansible_host": "127.0.0.1", "ansible_port": h.port} for h in hosts},
@@ -483,6 +494,7 @@ def render_inventory(name: str, hosts: list[LabHost], key_file: Path, known_host
             "umprov_gpus": "none",
             "umprov_image": lab_image_tag(),
             **lab_role_vars(name),
+            **extra,
         },
     }
     body = yaml.safe_dump({"all": {"children": {"gpu_hosts": group}}}, sort_keys=False)
@@ -581,6 +593,62 @@ def ensure_repo(client: Any, name: str, image: str, progress: Progress = _quiet)
     return changes
 
 
+def ensure_registry(
+    client: Any, name: str, image: str, taken: set[int], progress: Progress = _quiet
+) -> tuple[Any, list[str]]:
+    """The lab's TLS registry (lab_registry), on the lab network and on a loopback port."""
+    from docker.errors import NotFound
+
+    from umprov import lab_registry
+
+    changes: list[str] = []
+    container_name = lab_registry.container_name(PREFIX, name)
+    tls_dir = lab_dir(name) / "registry"
+    remade = lab_registry.ensure_tls(tls_dir, container_name)
+    if remade:
+        changes.append("made the lab registry's CA and certificate")
+    config = tls_dir / "config.yml"
+    if _write_if_changed(config, lab_registry.CONFIG):
+        changes.append(f"wrote {config}")
+    try:
+        container = client.containers.get(container_name)
+        if remade:  # a new certificate: the running registry still serves the old one
+            container.remove(force=True)
+            raise NotFound("recreate")
+        if container.status != "running":
+            container.start()
+            changes.append(f"started {container_name}")
+    except NotFound:
+        binary = lab_registry.registry_binary()
+        port = _pick_port(client, taken)
+        progress(f"serving the lab registry from {container_name} (127.0.0.1:{port})")
+        container = client.containers.run(
+            image,
+            ["/usr/local/bin/docker-registry", "serve", "/etc/umprov-registry/config.yml"],
+            entrypoint=[],
+            name=container_name,
+            hostname=container_name,
+            detach=True,
+            network=f"{PREFIX}-{name}",
+            labels={LABEL: name, f"{LABEL}.role": "registry", f"{LABEL}.port": str(port)},
+            ports={f"{lab_registry.REGISTRY_PORT}/tcp": ("127.0.0.1", port)},
+            volumes={
+                binary: {"bind": "/usr/local/bin/docker-registry", "mode": "ro"},
+                str(tls_dir): {"bind": "/etc/umprov-registry", "mode": "ro"},
+                f"{container_name}-data": {"bind": "/var/lib/registry", "mode": "rw"},
+            },
+            restart_policy={"Name": "always"},
+        )
+        changes.append(f"created {container_name}")
+    port = int(container.labels[f"{LABEL}.port"])
+    taken.add(port)
+    registry = lab_registry.LabRegistry(
+        address=lab_registry.address(PREFIX, name), local=f"127.0.0.1:{port}",
+        ca_file=tls_dir / "ca.crt", container=container_name,
+    )
+    return registry, changes
+
+
 def render_known_hosts(hosts: list[LabHost]) -> str:
     lines = []
     for h in hosts:
@@ -630,7 +698,8 @@ def ensure_inotify_limits(progress: Progress = _quiet) -> list[str]:
     return raised
 
 
-def up(name: str, count: int, progress: Progress = _quiet) -> LabResult:
+def up(name: str, count: int, progress: Progress = _quiet, *, registry: bool = False) -> LabResult:
+    """Create or complete a lab; ``registry`` adds the lab registry (kept by later calls)."""
     check_lab_name(name)
     if not 1 <= count <= 64:
         raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
@@ -682,13 +751,26 @@ def up(name: str, count: int, progress: Progress = _quiet) -> LabResult:
         host.host_keys = _host_keys(container)
         host.state = container.status
 
+    lab_registry = None
+    if registry or _has_registry(client, name):
+        lab_registry, made = ensure_registry(client, name, image, taken, progress)
+        changes += made
+
     known_hosts = directory / "known_hosts"
     if _write_if_changed(known_hosts, render_known_hosts(hosts)):
         changes.append(f"wrote {known_hosts}")
     inventory = inventory_path(name)
-    if _write_if_changed(inventory, render_inventory(name, hosts, key_file, known_hosts)):
+    text = render_inventory(name, hosts, key_file, known_hosts, lab_registry)
+    if _write_if_changed(inventory, text):
         changes.append(f"wrote {inventory}")
-    return LabResult(name, inventory, known_hosts, key_file, hosts, changes)
+    return LabResult(name, inventory, known_hosts, key_file, hosts, changes, lab_registry)
+
+
+def _has_registry(client: Any, name: str) -> bool:
+    found = client.containers.list(
+        all=True, filters={"label": [f"{LABEL}={name}", f"{LABEL}.role=registry"]}
+    )
+    return bool(found)
 
 
 def status(name: str | None = None) -> list[dict[str, Any]]:
@@ -730,7 +812,8 @@ def down(name: str, *, purge: bool = False, progress: Progress = _quiet) -> list
         progress(f"removing {container.name}")
         container.remove(force=True, v=True)
         removed.append(container.name)
-        _remove_volume(client, f"{container.name}-docker")
+        for suffix in ("-docker", "-data"):  # a host's Docker storage, the registry's data
+            _remove_volume(client, f"{container.name}{suffix}")
     try:
         client.networks.get(f"{PREFIX}-{name}").remove()
         removed.append(f"network {PREFIX}-{name}")

@@ -19,8 +19,11 @@ def lab() -> None:
 @lab.command("up")
 @click.option("--hosts", "count", type=int, default=2, show_default=True, help="Number of hosts.")
 @lab_name_option
+@click.option("--registry", is_flag=True,
+              help="Also run a private registry behind TLS on the lab network (needs Debian's "
+                   "docker-registry here); the inventory gives the hosts its CA.")
 @json_option
-def up(count: int, name: str, as_json: bool) -> int:
+def up(count: int, name: str, registry: bool, as_json: bool) -> int:
     """Create (or complete) a lab and write its inventory and known_hosts.
 
     Idempotent: a second call with the same arguments changes nothing and says so.
@@ -29,10 +32,11 @@ def up(count: int, name: str, as_json: bool) -> int:
     Example:
       umprov lab up --hosts 3
       umprov inventory check inventory/lab/default.yml
+      umprov lab up --registry      # then: docker push 127.0.0.1:PORT/IMAGE, deploy --pull
     """
     from umprov import lab as lab_mod
 
-    result = lab_mod.up(name, count, progress=say)
+    result = lab_mod.up(name, count, progress=say, registry=registry)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -40,6 +44,10 @@ def up(count: int, name: str, as_json: bool) -> int:
         print_table(f"lab '{name}'", ["host", "container", "ssh", "state"], rows)
         say(f"inventory: {result.inventory}")
         say(f"known_hosts: {result.known_hosts}")
+        if result.registry:
+            reg = result.registry
+            say(f"registry: hosts pull from {reg.address}; push from here to {reg.local} "
+                f"(CA: {reg.ca_file})")
         say("changed: " + "; ".join(result.changes) if result.changes else "nothing changed")
     return 0
 
