@@ -69,3 +69,28 @@ def test_every_default_is_in_argument_specs() -> None:
             assert name.startswith(role.name + "_"), name
             assert opt.get("type") and opt.get("description"), name
             assert opt.get("default") == defaults[name], name
+
+
+@pytest.mark.parametrize(
+    ("distribution", "version", "major", "expected"),
+    [
+        ("Debian", "12.11", "12", "debian12"),  # Ansible reports Debian's point release
+        ("Debian", "13.2", "13", "debian13"),
+        ("Ubuntu", "24.04", "24", "ubuntu2404"),
+        ("Ubuntu", "22.04", "22", "ubuntu2204"),
+    ],
+)
+def test_cuda_repo_distro_default_names_nvidia_folders(
+    distribution: str, version: str, major: str, expected: str
+) -> None:
+    """The default's folder in NVIDIA's CUDA repository, rendered by Ansible's own templar."""
+    import yaml
+    from ansible.template import Templar, trust_as_template
+
+    defaults = yaml.safe_load((ROOT / "roles/nvidia_driver/defaults/main.yml").read_text())
+    facts = {"distribution": distribution, "distribution_version": version,
+             "distribution_major_version": major, "architecture": "x86_64"}
+    templar = Templar(loader=None, variables={"ansible_facts": facts})
+    # Ansible 2.19 templates only trusted text, as it trusts what it reads from role files.
+    text = trust_as_template(defaults["nvidia_driver_cuda_repo_distro"])
+    assert templar.template(text) == expected
