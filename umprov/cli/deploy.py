@@ -23,7 +23,8 @@ from umprov.cli._common import (
               help="Only hosts or groups matching (globs, commas).")
 @click.option("--image", metavar="IMAGE", help="Image to run (default: the host's umprov_image).")
 @click.option("--pull", "delivery", flag_value="pull",
-              help="Pull the image from its registry on each host.")
+              help="Pull the image from its registry on each host (a private registry's CA: "
+              "docker_engine_registry_ca_certs; credentials: this machine's docker login).")
 @click.option("--push", "delivery", flag_value="push",
               help="Stream the image from this machine (docker save over SSH into docker load); "
               "hosts that have the same image ID are skipped, and layers a host already holds "
