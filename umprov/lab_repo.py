@@ -32,6 +32,10 @@ from pathlib import Path
 
 DRIVER_BRANCH = "580"
 DRIVER_VERSIONS = ("580.82.07-1", "580.95.05-1")
+# As in NVIDIA's repository, a newer branch beside the wanted one: apt's candidate for
+# nvidia-open is that branch until the host installs nvidia-driver-pinning-580.
+NEWER_DRIVER_BRANCH = "590"
+NEWER_DRIVER_VERSIONS = ("590.48.01-1",)
 TOOLKIT_VERSIONS = ("1.17.7-1", "1.17.8-1")
 CUDA_DISTROS = ("debian12",)
 KEY_UID = "umprov lab repository signing key <lab-repo@umprov.invalid>"
@@ -628,6 +632,9 @@ def build_stand_in_repo(
         dest.mkdir(parents=True, exist_ok=True)
         repos: dict[str, tuple[Path, list[_Package], str]] = {}
         driver_pkgs = [p for v in driver_versions for p in _driver_packages(v, driver_branch, arch)]
+        if driver_branch != NEWER_DRIVER_BRANCH:
+            driver_pkgs += [p for v in NEWER_DRIVER_VERSIONS
+                            for p in _driver_packages(v, NEWER_DRIVER_BRANCH, arch)]
         cuda_repos: dict[str, Path] = {}
         for distro in cuda_distros:
             folder = dest / "compute" / "cuda" / "repos" / distro / cuda_arch

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -84,12 +86,30 @@ def test_cuda_repo_lists_driver_packages_at_real_names_and_versions(repo: dict) 
         deb = repo["cuda_repo"] / stanza["Filename"]
         assert deb.is_file(), stanza["Filename"]
         assert deb.stat().st_size == int(stanza["Size"])
-    for name in ("nvidia-driver-pinning-580", "nvidia-open", "cuda-drivers",
-                 "nvidia-fabricmanager-580", "libnvidia-nscq-580", "nvidia-persistenced",
-                 "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-kernel-dkms"):
+    for name in ("nvidia-driver-pinning-580", "nvidia-fabricmanager-580", "libnvidia-nscq-580"):
         assert name in versions, name
         assert all(v.startswith("580.") for v in versions[name])
-    assert versions["nvidia-fabricmanager-580"] == versions["nvidia-open"]
+    # Branch-neutral names carry every branch, as NVIDIA's repository does: 590 is newer.
+    for name in ("nvidia-open", "cuda-drivers", "nvidia-persistenced", "nvidia-driver-cuda",
+                 "nvidia-kernel-open-dkms", "nvidia-kernel-dkms"):
+        assert {v.split(".")[0] for v in versions[name]} == {"580", "590"}, name
+    assert versions["nvidia-fabricmanager-580"] == {
+        v for v in versions["nvidia-open"] if v.startswith("580.")}
+    assert versions["nvidia-driver-pinning-590"] == {"590.48.01-1"}
+
+
+def test_pinning_package_keeps_the_branch(repo: dict) -> None:
+    """The stand-in's apt preferences pin the branch-neutral names to the branch."""
+    stanza = next(s for s in _stanzas(repo["cuda_repo"] / "Packages")
+                  if s["Package"] == "nvidia-driver-pinning-580")
+    deb = repo["cuda_repo"] / stanza["Filename"]
+    listing = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(listing)) as tar:
+        member = tar.extractfile("./etc/apt/preferences.d/nvidia-driver-pinning-580")
+        text = member.read().decode() if member else ""
+    assert "Pin: version 580.*" in text and "Pin-Priority: 1000" in text
+    assert "nvidia-open" in text.split("Package:", 1)[1].splitlines()[0]
 
 
 def test_toolkit_repo_lists_toolkit_packages(repo: dict) -> None:
