@@ -155,7 +155,7 @@ def prov_lab() -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def faults_lab() -> Iterator[Lab]:
-    lab = lab_up(FAULTS, 3)
+    lab = lab_up(FAULTS, 4)
     yield lab
     cli("lab", "down", "--name", FAULTS)
 
@@ -479,3 +479,35 @@ def test_run_with_the_key_fixed_repairs_the_broken_source(
     assert run.exit_code == 0, run.explain()
     assert host.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
     assert host.sudo("apt-get update -q >/dev/null 2>&1; echo $?").strip() == "0"
+
+
+# ---------------------------------------------------------------------------------------------
+# A repository already configured by hand under another name and keyring
+
+
+def test_a_second_source_with_another_key_is_taken_back_naming_it(faults_lab: Lab) -> None:
+    """Hosts set up from a vendor's guide (cuda-keyring, Docker's docs) already name the
+    repository with their own keyring: adding the role's source beside it would make apt refuse
+    every source. The role takes its source back and names the other one; apt keeps working."""
+    from umprov.lab import lab_role_vars
+
+    host = faults_lab.hosts[3]
+    url = lab_role_vars(FAULTS)["nvidia_container_toolkit_repo_url"]
+    key = (faults_lab.directory / "repo" / "umprov-lab.asc").read_text()
+    host.sudo(f"printf '%s' {shlex.quote(key)} > /usr/share/keyrings/by-hand.asc")
+    host.sudo(f"echo 'deb [signed-by=/usr/share/keyrings/by-hand.asc] {url} /' "
+              "> /etc/apt/sources.list.d/by-hand.list")
+    assert host.run("apt-cache policy >/dev/null").returncode == 0  # one source: fine
+    run = provision(FAULTS, "--limit", host.name, "--only", "toolkit")
+    assert run.exit_code == 10, run.explain()
+    failure = run.hosts[host.name]["failure"] or ""
+    assert "/etc/apt/sources.list.d/by-hand.list" in failure, failure
+    assert "Conflicting values set for option Signed-By" in failure, failure
+    assert not host.exists("/etc/apt/sources.list.d/umprov-nvidia-container-toolkit.sources")
+    assert host.run("apt-cache policy >/dev/null").returncode == 0, "apt left unable to read"
+    # With the hand-made source gone the role configures its own and goes on.
+    host.sudo("rm /etc/apt/sources.list.d/by-hand.list")
+    again = provision(FAULTS, "--limit", host.name, "--only", "toolkit")
+    assert again.exit_code == 0, again.explain()
+    assert host.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
+
