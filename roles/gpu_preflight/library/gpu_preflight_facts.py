@@ -272,6 +272,18 @@ def kernel_facts(module, timeout):
     }
 
 
+def kernel_headers_missing(kernel):
+    """Headers packages DKMS needs and does not have: the running kernel's (the module must
+    build now) and the newest installed kernel's (the next boot). Older kernels left installed
+    are not counted: Debian's archive keeps only the current ABI's headers."""
+    wanted = []
+    for release in (kernel["running"], kernel["newest"]):
+        info = kernel["headers"].get(release)
+        if info and not info["installed"] and info["package"] not in wanted:
+            wanted.append(info["package"])
+    return wanted
+
+
 def _nvidia_smi_candidates(extra):
     seen, found = set(), []
     for path in [shutil.which("nvidia-smi") or "", *extra]:
@@ -437,9 +449,7 @@ def main():
             "gpu_present": bool(gpus),
             "gpu_generations": generations,
             "open_module": open_module_mode(gpus),
-            "kernel_headers_missing": [
-                h["package"] for h in kernel["headers"].values() if not h["installed"]
-            ],
+            "kernel_headers_missing": kernel_headers_missing(kernel),
         },
     )
 
