@@ -344,7 +344,13 @@ def driver_facts(module, extra_paths, patterns, timeout):
     else:
         managed_by = "foreign"
     version = smi_version or loaded_version
+    # NVSwitch systems need fabric manager at the driver's version, however the driver came.
+    fm_paths = ("/usr/bin/nv-fabricmanager", "/usr/sbin/nv-fabricmanager")
+    fabricmanager = shutil.which("nv-fabricmanager") or next(
+        (p for p in fm_paths if os.path.exists(p)), ""
+    )
     return {
+        "fabricmanager": fabricmanager,
         "present": present,
         "answers": answers,
         "version": version,
