@@ -322,7 +322,7 @@ def test_host_stopped_mid_run_is_named_and_others_converge(faults_lab: Lab) -> N
 
 def test_rerun_completes_stopped_host_waiting_for_the_apt_lock(faults_lab: Lab) -> None:
     one, two = faults_lab.hosts[0], faults_lab.hosts[1]
-    lab_up(FAULTS, 3)  # starts the stopped container again
+    lab_up(FAULTS, len(faults_lab.hosts))  # starts the stopped container again
     wait_for_ssh(two)
     # Another apt client: holds dpkg's frontend lock the way apt does (fcntl), for 20 s.
     holder = (
