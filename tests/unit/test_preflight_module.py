@@ -43,3 +43,16 @@ def test_running_and_newest_kernels_need_headers(facts: Any) -> None:
         "linux-headers-6.1.0-26-amd64", "linux-headers-6.1.0-28-amd64"]
     same = kernel("6.8.0-48-generic", "6.8.0-48-generic", {"6.8.0-48-generic": False})
     assert facts.kernel_headers_missing(same) == ["linux-headers-6.8.0-48-generic"]
+
+
+def test_headers_meta_packages_follow_the_kernel_meta_packages(facts: Any) -> None:
+    installed = [
+        "linux-image-amd64", "linux-image-6.1.0-28-amd64", "linux-image-cloud-amd64",
+        "linux-image-generic-hwe-24.04", "linux-image-unsigned-6.8.0-48-generic",
+        "linux-image-6.1.0-28-amd64-dbg", "linux-image-aws", "linux-image-",
+    ]
+    assert facts.header_meta_packages(installed) == [
+        "linux-headers-amd64", "linux-headers-aws", "linux-headers-cloud-amd64",
+        "linux-headers-generic-hwe-24.04",
+    ]
+    assert facts.header_meta_packages([]) == []

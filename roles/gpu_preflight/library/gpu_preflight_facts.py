@@ -263,13 +263,46 @@ def kernel_facts(module, timeout):
             "installable": bool(candidate),
         }
     flavour = running.split("-")[-1] if "-" in running else ""
+    images = dpkg_status(module, ["linux-image-*"], timeout)
+    header_metas = {}
+    for meta in header_meta_packages(n for n, info in images.items() if info["installed"]):
+        installed = bool(status_of(module, meta, timeout).get("installed"))
+        candidate = ""
+        if not installed and apt_cache:
+            _rc, out, _err = _run(module, [apt_cache, "policy", meta], timeout)
+            match = re.search(r"Candidate:\s*(\S+)", out)
+            if match and match.group(1) != "(none)":
+                candidate = match.group(1)
+        header_metas[meta] = {"installed": installed, "candidate": candidate}
     return {
         "running": running,
         "newest": newest,
         "installed": releases,
         "headers": headers,
         "flavour": flavour,
+        "header_metas": header_metas,
     }
+
+
+def status_of(module, name, timeout):
+    return dpkg_status(module, [name], timeout).get(name, {})
+
+
+def header_meta_packages(image_packages):
+    """The headers meta packages that follow the installed kernel meta packages: without one, a
+    kernel update arrives without the headers DKMS needs to build the module for it
+    (linux-image-amd64 -> linux-headers-amd64, linux-image-generic-hwe-24.04 ->
+    linux-headers-generic-hwe-24.04). Versioned images (linux-image-6.1.0-28-amd64,
+    linux-image-unsigned-6.8.0-48-generic) and debug symbols are not meta packages."""
+    metas = []
+    for name in sorted(image_packages):
+        rest = name[len("linux-image-"):]
+        if not name.startswith("linux-image-") or not rest:
+            continue
+        if re.match(r"(unsigned-|uc-)?[0-9]", rest) or rest.endswith(("-dbg", "-dbgsym")):
+            continue
+        metas.append("linux-headers-" + rest)
+    return metas
 
 
 def kernel_headers_missing(kernel):
