@@ -244,18 +244,12 @@ def kernel_facts(module, timeout):
     newest = releases[-1] if releases else running
     headers = {}
     status = dpkg_status(module, ["linux-headers-%s" % r for r in releases], timeout)
-    apt_cache = shutil.which("apt-cache")
     for release in releases:
         pkg = "linux-headers-%s" % release
         present = os.path.isdir("/lib/modules/%s/build" % release) or os.path.isdir(
             "/usr/src/%s" % pkg
         )
-        candidate = ""
-        if not present and apt_cache:
-            _rc, out, _err = _run(module, [apt_cache, "policy", pkg], timeout)
-            match = re.search(r"Candidate:\s*(\S+)", out)
-            if match and match.group(1) != "(none)":
-                candidate = match.group(1)
+        candidate = "" if present else apt_candidate(module, pkg, timeout)
         headers[release] = {
             "package": pkg,
             "installed": present or bool(status.get(pkg, {}).get("installed")),
@@ -266,13 +260,8 @@ def kernel_facts(module, timeout):
     images = dpkg_status(module, ["linux-image-*"], timeout)
     header_metas = {}
     for meta in header_meta_packages(n for n, info in images.items() if info["installed"]):
-        installed = bool(status_of(module, meta, timeout).get("installed"))
-        candidate = ""
-        if not installed and apt_cache:
-            _rc, out, _err = _run(module, [apt_cache, "policy", meta], timeout)
-            match = re.search(r"Candidate:\s*(\S+)", out)
-            if match and match.group(1) != "(none)":
-                candidate = match.group(1)
+        installed = bool(dpkg_status(module, [meta], timeout).get(meta, {}).get("installed"))
+        candidate = "" if installed else apt_candidate(module, meta, timeout)
         header_metas[meta] = {"installed": installed, "candidate": candidate}
     return {
         "running": running,
@@ -284,8 +273,14 @@ def kernel_facts(module, timeout):
     }
 
 
-def status_of(module, name, timeout):
-    return dpkg_status(module, [name], timeout).get(name, {})
+def apt_candidate(module, name, timeout):
+    """The version apt would install of ``name``; "" when none (or no apt)."""
+    apt_cache = shutil.which("apt-cache")
+    if not apt_cache:
+        return ""
+    _rc, out, _err = _run(module, [apt_cache, "policy", name], timeout)
+    match = re.search(r"Candidate:\s*(\S+)", out)
+    return match.group(1) if match and match.group(1) != "(none)" else ""
 
 
 def header_meta_packages(image_packages):
