@@ -511,3 +511,28 @@ def test_a_second_source_with_another_key_is_taken_back_naming_it(faults_lab: La
     assert again.exit_code == 0, again.explain()
     assert host.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
 
+
+
+def test_debian_driver_and_module_without_a_common_version_stop_before_installing(
+    faults_lab: Lab,
+) -> None:
+    """A real Debian 12 host has bookworm-security, which updates nvidia-driver but not the open
+    kernel module package (contrib): pinned to one version they cannot both be installed. The
+    role stops naming both and the way out; the proprietary module follows the updates."""
+    host = faults_lab.hosts[3]
+    host.sudo("echo 'deb http://deb.debian.org/debian-security bookworm-security main contrib "
+              "non-free non-free-firmware' > /etc/apt/sources.list.d/security.list")
+    host.sudo("apt-get update -qq")  # as on a real host: the security lists are read
+    debian = ("--only", "driver", "-e", "nvidia_driver_source=distribution",
+              "-e", "nvidia_driver_branch=535")
+    run = provision(FAULTS, "--limit", host.name, *debian)
+    assert run.exit_code == 10, run.explain()
+    failure = run.hosts[host.name]["failure"] or ""
+    assert "has no matching nvidia-open-kernel-dkms (apt has 535.261.03-1" in failure, failure
+    assert "nvidia_driver_kernel_module: proprietary" in failure, failure
+    assert host.package_version("nvidia-driver") is None
+    again = provision(FAULTS, "--limit", host.name, *debian,
+                      "-e", "nvidia_driver_kernel_module=proprietary")
+    assert again.exit_code == 0, again.explain()
+    driver = host.package_version("nvidia-driver") or ""
+    assert driver.startswith("535.") and host.package_version("nvidia-kernel-dkms") == driver
