@@ -612,13 +612,16 @@ def ensure_registry(
         changes.append(f"wrote {config}")
     try:
         container = client.containers.get(container_name)
-        if remade:  # a new certificate: the running registry still serves the old one
-            container.remove(force=True)
-            raise NotFound("recreate")
-        if container.status != "running":
-            container.start()
-            changes.append(f"started {container_name}")
     except NotFound:
+        container = None
+    if container is not None and remade:
+        # A new certificate: the running registry still serves the old one.
+        container.remove(force=True)
+        container = None
+    if container is not None and container.status != "running":
+        container.start()
+        changes.append(f"started {container_name}")
+    if container is None:
         binary = lab_registry.registry_binary()
         port = _pick_port(client, taken)
         progress(f"serving the lab registry from {container_name} (127.0.0.1:{port})")

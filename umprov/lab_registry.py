@@ -63,12 +63,6 @@ def address(prefix: str, name: str) -> str:
     return f"{container_name(prefix, name)}:{REGISTRY_PORT}"
 
 
-def _load_cert(path: Path) -> Any:
-    from cryptography import x509
-
-    return x509.load_pem_x509_certificate(path.read_bytes())
-
-
 def _still_valid(path: Path, host: str) -> bool:
     """The certificate exists, names ``host`` and is good for at least another week."""
     from cryptography import x509
@@ -76,7 +70,7 @@ def _still_valid(path: Path, host: str) -> bool:
     if not path.exists():
         return False
     try:
-        cert = _load_cert(path)
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (ValueError, x509.ExtensionNotFound):
         return False
