@@ -382,10 +382,13 @@ def _fail(result: HostResult, exc: BaseException) -> None:
     result.message = str(exc) if isinstance(exc, UmprovError) else _docker_message(exc)
 
 
+def _one_line(text: object, limit: int = 300) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
 def _docker_message(exc: BaseException) -> str:
     explanation = getattr(exc, "explanation", None)
-    text = " ".join(str(explanation or exc).split())
-    return text[:300] or type(exc).__name__
+    return _one_line(explanation or exc) or type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,7 +548,7 @@ def pull_image(
     for event in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
         if event.get("error"):
             text = event.get("errorDetail", {}).get("message") or event["error"]
-            raise DeployFailed(f"pulling {ref} failed: {' '.join(str(text).split())[:300]}")
+            raise DeployFailed(f"pulling {ref} failed: {_one_line(text)}")
         detail = event.get("progressDetail") or {}
         layer = event.get("id", "")
         if event.get("status") == "Downloading" and detail.get("total"):
@@ -1183,7 +1186,7 @@ def _push_round(
             seconds = time.monotonic() - started
             st.result.pushed_bytes += counters[name][0]
             st.result.push_seconds += seconds
-            # A retried host: its first (failed) stream counts as pushing time, not streaming.
+            # A failed attempt (before a retry) counts whole, in both figures.
             st.result.push_stream_seconds += streamed.get(name, seconds) if ok else seconds
             skipped = stats[name].skipped_bytes if ok and name in stats else 0
             st.result.skipped_bytes = skipped

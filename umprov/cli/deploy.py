@@ -151,7 +151,7 @@ def _push_cell(result: Any) -> str:
     sent = result.pushed_bytes
     cell = f"{sent / 1e6:.0f} MB" if sent >= 10**6 else f"{sent / 1e3:.0f} kB"
     cell += f" in {result.push_seconds:.0f} s"
-    stream = getattr(result, "push_stream_seconds", 0.0)
+    stream = result.push_stream_seconds
     rate = sent / stream / 1e6 if stream else 0.0
     if rate >= 1:
         # The transfer and the host's docker load, which registers the layers after it.
