@@ -2,8 +2,8 @@
 
 The flow, in three phases so one host's trouble never stops the others:
 
-1. connect (in parallel): a docker client per host over ``umprov.ssh.docker_client`` (verified
-   host key), and whether the host already has the image (by image ID);
+1. connect (in parallel): a docker client per host over verified SSH (``umprov.hosts.engine``),
+   and whether the host already has the image (by image ID);
 2. deliver: ``--pull`` pulls on each host; ``--push`` streams ONE local ``docker save`` to every
    host that lacks the image, each into its engine's ``docker load`` (hosts that have the image
    ID are skipped); a host whose engine already holds some of the image's layers gets the
@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import ipaddress
 import json
 import queue
 import re
 import secrets
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,21 +37,29 @@ from pathlib import Path
 from typing import Any
 
 from umprov import __version__
-from umprov.errors import ConfigError, ExitCode, TrustError, UmprovError
-from umprov.parallel import Cancelled, Parallel
-from umprov.paths import private_dir, state_dir, write_atomic, write_private
-from umprov.ssh import (
+from umprov.errors import (
     AuthFailed,
+    Cancelled,
+    ConfigError,
+    DeployFailed,
     EngineDown,
-    HostLike,
+    TrustError,
+    UmprovError,
     Unreachable,
-    connection_lost,
+)
+from umprov.hosts import HostLike, is_loopback, render
+from umprov.hosts.engine import connection_lost, engine_error, exec_in, one_line, tar_files
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import Progress, quiet, until_cancelled
+from umprov.hosts.results import PENDING, HostOutcome
+from umprov.hosts.ssh import (
     host_pattern,
     known_hosts_files,
     pin_host_key,
     pinned_keys,
     umprov_known_hosts,
 )
+from umprov.paths import private_dir, state_dir, write_atomic, write_private
 
 SPEC_VERSION = 1  # bump when the spec's shape changes (every container is then replaced)
 LABEL = "org.umprov"
@@ -67,16 +73,7 @@ CONTAINER_JUPYTER_PORT = 8888
 TOKEN_PATH = "/etc/umprov/jupyter_token"  # noqa: S105 (a path, not a secret)
 READY_TIMEOUT = 120.0
 PUSH_CHUNK = 1 << 20
-
-Progress = Callable[[str, str], None]  # (host name, message)
-
-
-def _quiet(_host: str, _msg: str) -> None:
-    pass
-
-
-class DeployFailed(UmprovError):
-    exit_code = ExitCode.HOSTS_FAILED
+EXEC_TIMEOUT = 60.0  # a short command in the container (health check, reading a file)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,10 +149,6 @@ def check_bind(value: str) -> str:
         return str(ipaddress.ip_address(value.strip("[]")))
     except ValueError:
         raise ConfigError(f"--bind must be an IP address (e.g. 127.0.0.1), not {value!r}") from None
-
-
-def is_loopback(bind: str) -> bool:
-    return ipaddress.ip_address(bind).is_loopback
 
 
 def check_public_key(text: str, source: str) -> str:
@@ -322,73 +315,41 @@ def create_kwargs(spec: Mapping[str, Any], labels: Mapping[str, str]) -> dict[st
 # Results
 
 
-@dataclass
-class HostResult:
-    host: str
-    status: str = "pending"  # created, unchanged, replaced, started, failed, unreachable, untrusted
-    message: str = ""
-    container_id: str | None = None
-    image_id: str | None = None
-    ssh: str | None = None
-    jupyter: str | None = None
-    pushed_bytes: int = 0
-    push_seconds: float = 0.0
-    # Of push_seconds, the part until the host's engine had read the last byte; the rest is
-    # docker load registering the layers, which moby starts only once the stream has ended.
-    push_stream_seconds: float = 0.0
-    skipped_bytes: int = 0  # layer files left out of the push: the host already had them
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("created", "unchanged", "replaced", "started")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "ok": self.ok,
-            "status": self.status,
-            "message": self.message,
-            "container_id": self.container_id,
-            "image_id": self.image_id,
-            "ssh": self.ssh,
-            "jupyter": self.jupyter,
-            "pushed_bytes": self.pushed_bytes,
-            "push_seconds": round(self.push_seconds, 2),
-            "push_stream_seconds": round(self.push_stream_seconds, 2),
-            "skipped_bytes": self.skipped_bytes,
-            "seconds": round(self.seconds, 2),
-        }
+def new_outcome(host: str) -> HostOutcome:
+    """A host's deploy outcome before anything happened: every figure of its JSON at zero."""
+    return HostOutcome(host, data={
+        "container_id": None, "image_id": None, "ssh": None, "jupyter": None,
+        "pushed_bytes": 0, "push_seconds": 0.0,
+        # Of push_seconds, the part until the host's engine had read the last byte; the rest
+        # is docker load registering the layers, which moby starts only once the stream ended.
+        "push_stream_seconds": 0.0,
+        "skipped_bytes": 0,  # layer files left out of the push: the host already had them
+        "seconds": 0.0,
+    })
 
 
-def exit_code(results: list[HostResult]) -> ExitCode:
-    statuses = {r.status for r in results if not r.ok}
-    if not statuses:
-        return ExitCode.OK
-    if statuses - {"unreachable", "untrusted"}:
-        return ExitCode.HOSTS_FAILED
-    if "untrusted" in statuses:
-        return ExitCode.TRUST
-    return ExitCode.HOSTS_UNREACHABLE
+# A host in `umprov deploy --json`.
+HOST_FIELDS: list[render.Field] = [
+    ("host", render.host),
+    ("ok", render.ok),
+    ("status", render.state),
+    ("message", render.detail),
+    *render.data_fields("container_id", "image_id", "ssh", "jupyter", "pushed_bytes"),
+    ("push_seconds", render.datum("push_seconds", 2)),
+    ("push_stream_seconds", render.datum("push_stream_seconds", 2)),
+    ("skipped_bytes", render.datum("skipped_bytes")),
+    ("seconds", render.datum("seconds", 2)),
+]
 
 
-def _fail(result: HostResult, exc: BaseException) -> None:
+def _fail(outcome: HostOutcome, exc: BaseException) -> None:
     if isinstance(exc, Unreachable):
-        result.status = "unreachable"
+        outcome.state = "unreachable"
     elif isinstance(exc, TrustError):
-        result.status = "untrusted"
+        outcome.state = "untrusted"
     else:
-        result.status = "failed"
-    result.message = str(exc) if isinstance(exc, UmprovError) else _docker_message(exc)
-
-
-def _one_line(text: object, limit: int = 300) -> str:
-    return " ".join(str(text).split())[:limit]
-
-
-def _docker_message(exc: BaseException) -> str:
-    explanation = getattr(exc, "explanation", None)
-    return _one_line(explanation or exc) or type(exc).__name__
+        outcome.state = "failed"
+    outcome.detail = str(exc) if isinstance(exc, UmprovError) else engine_error(exc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,7 +378,7 @@ class _Broadcast:
             for chunk in chunks:
                 self.put(chunk)
         except Exception as exc:  # noqa: BLE001 - handed to every consumer
-            self.close(UmprovError(f"docker save failed: {_docker_message(exc)}"))
+            self.close(UmprovError(f"docker save failed: {engine_error(exc)}"))
         except BaseException:  # Ctrl-C or SIGTERM: the whole run stops, not only this stream
             self.abort()
             raise
@@ -516,7 +477,7 @@ def _rewrite_into(
     except (_tarfile.TarError, OSError, ValueError) as exc:
         error = UmprovError(f"rewriting the image stream failed: {exc}")
     except BaseException as exc:  # noqa: BLE001 - handed to this group's hosts
-        error = UmprovError(f"rewriting the image stream failed: {_docker_message(exc)}")
+        error = UmprovError(f"rewriting the image stream failed: {engine_error(exc)}")
     finally:
         source.drop(key)  # never leave the docker save blocked on this reader
         sink.close(error)
@@ -531,7 +492,7 @@ def _load_into(client: Any, data: Iterator[bytes]) -> None:
             if isinstance(chunk, dict) and chunk.get("error"):
                 raise UmprovError(f"docker load failed: {chunk['error']}")
     except APIError as exc:
-        raise UmprovError(f"docker load failed: {_docker_message(exc)}") from None
+        raise UmprovError(f"docker load failed: {engine_error(exc)}") from None
 
 
 def pull_image(
@@ -548,7 +509,7 @@ def pull_image(
     for event in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
         if event.get("error"):
             text = event.get("errorDetail", {}).get("message") or event["error"]
-            raise DeployFailed(f"pulling {ref} failed: {_one_line(text)}")
+            raise DeployFailed(f"pulling {ref} failed: {one_line(text)}")
         detail = event.get("progressDetail") or {}
         layer = event.get("id", "")
         if event.get("status") == "Downloading" and detail.get("total"):
@@ -576,7 +537,7 @@ def _skip_plan(st: _HostState, diff_ids: list[str] | None, progress: Progress) -
     try:
         held, why = host_chain_ids(st.client)
     except Exception as exc:  # noqa: BLE001 - any doubt: the full stream
-        held, why = None, _docker_message(exc)
+        held, why = None, engine_error(exc)
     if held is None:
         progress(st.host.name, f"sending every layer ({why})")
         return {}
@@ -714,26 +675,17 @@ def load_connection(host_name: str) -> dict[str, Any] | None:
 # Rolling out on one host
 
 
-def _token_tar(token: str) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = token.encode()
-        info = tarfile.TarInfo(TOKEN_PATH.lstrip("/"))
-        info.size = len(data)
-        info.mode = 0o400
-        info.uid = info.gid = 0
-        info.mtime = int(time.time())
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+def token_tar(token: str) -> bytes:
+    """The Jupyter token as a file only root reads, for put_archive into the container."""
+    return tar_files({TOKEN_PATH.lstrip("/"): token.encode()}, mode=0o400)
 
 
-def _exec(container: Any, cmd: list[str], user: str = "root") -> tuple[int, str]:
-    rc, out = container.exec_run(cmd, user=user, demux=False)
-    return rc, (out or b"").decode(errors="replace")
+def _exec(container: Any, cmd: list[str]) -> tuple[int | None, str]:
+    return exec_in(container, cmd, EXEC_TIMEOUT, user="root")
 
 
 def _port_message(exc: BaseException, settings: HostSettings) -> str | None:
-    text = _docker_message(exc)
+    text = engine_error(exc)
     if "port is already allocated" in text or "address already in use" in text:
         match = re.search(r":(\d+)\b(?!.*:\d+)", text)
         port = match.group(1) if match else f"{settings.ssh_port} or {settings.jupyter_port}"
@@ -793,8 +745,8 @@ def rollout(
     settings: HostSettings,
     opts: DeployOptions,
     image_id: str,
-    result: HostResult,
-    progress: Progress = _quiet,
+    outcome: HostOutcome,
+    progress: Progress = quiet,
     *,
     cancel: threading.Event | None = None,
 ) -> None:
@@ -841,13 +793,13 @@ def rollout(
         if old.status != "running":
             progress(host.name, "starting the stopped container")
             old.start()
-            result.status = "started"
+            outcome.state = "started"
         else:
-            result.status = "unchanged"
+            outcome.state = "unchanged"
     else:
         token = secrets.token_urlsafe(32)
         container = _replace(client, host, old, spec, labels, token, settings, progress, cancel)
-        result.status = "replaced" if old is not None else "created"
+        outcome.state = "replaced" if old is not None else "created"
     for stale in aside:  # left by an interrupted run; the container is in place now
         with contextlib.suppress(Exception):
             stale.remove(force=True)
@@ -860,8 +812,8 @@ def rollout(
     pin_host_key(patterns, key_line)
     if before and " ".join(key_line.split()[:2]) not in before:
         # Read through Docker over the verified host connection: the container's true key.
-        result.message = "the container's SSH host key changed: pinned the new one"
-        progress(host.name, result.message)
+        outcome.detail = "the container's SSH host key changed: pinned the new one"
+        progress(host.name, outcome.detail)
     if token is None:
         # A kept container's own token is the truth: the file here may be lost, or hold the
         # token of the container that a run interrupted after starting this one replaced.
@@ -874,11 +826,12 @@ def rollout(
     config = render_ssh_config(host, settings, login_user, identity)
     write_private(ssh_config_path(host.name), config)
     conn = record_connection(host, settings, login_user, identity)
-    result.container_id = container.id
-    result.image_id = image_id
-    result.ssh = f"ssh -F {conn['ssh_config']} {conn['alias']}"
-    result.jupyter = f"{conn['address']}:{settings.jupyter_port}" + (
-        f" (on {host.name})" if conn["via_host"] else ""
+    outcome.data.update(
+        container_id=container.id,
+        image_id=image_id,
+        ssh=f"ssh -F {conn['ssh_config']} {conn['alias']}",
+        jupyter=f"{conn['address']}:{settings.jupyter_port}"
+        + (f" (on {host.name})" if conn["via_host"] else ""),
     )
 
 
@@ -907,7 +860,7 @@ def _replace(
         _checkpoint(cancel)
         progress(host.name, "creating the container")
         new = client.containers.create(**create_kwargs(spec, labels))
-        new.put_archive("/", _token_tar(token))
+        new.put_archive("/", token_tar(token))
         _checkpoint(cancel)
         progress(host.name, "starting the container")
         new.start()
@@ -932,12 +885,12 @@ def _replace(
         port = _port_message(exc, settings)
         if port:
             raise DeployFailed(port) from None
-        if "runtime" in _docker_message(exc) and "nvidia" in _docker_message(exc):
+        if "runtime" in engine_error(exc) and "nvidia" in engine_error(exc):
             raise DeployFailed(
                 "the nvidia runtime is not configured on this host (provision it, or deploy "
                 "with --gpus none)"
             ) from None
-        raise DeployFailed(f"starting the container failed: {_docker_message(exc)}") from None
+        raise DeployFailed(f"starting the container failed: {engine_error(exc)}") from None
     if old is not None:
         with contextlib.suppress(APIError, NotFound):
             old.remove(force=True)
@@ -951,7 +904,7 @@ def _replace(
 @dataclass
 class _HostState:
     host: HostLike
-    result: HostResult
+    outcome: HostOutcome
     settings: HostSettings | None = None
     client: Any = None
     image_id: str | None = None
@@ -962,37 +915,37 @@ def deploy(
     hosts: list[HostLike],
     opts: DeployOptions,
     *,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
     local_client: Any = None,
     max_workers: int = 32,
-) -> list[HostResult]:
+) -> list[HostOutcome]:
     """Deploy to every host; failures are recorded per host, never raised."""
-    states = [_HostState(h, HostResult(h.name)) for h in hosts]
+    states = [_HostState(h, new_outcome(h.name)) for h in hosts]
     for st in states:
         try:
             st.settings = settings_for(st.host, opts)
         except UmprovError as exc:
-            _fail(st.result, exc)
+            _fail(st.outcome, exc)
     local_image_id: str | None = None
     if opts.delivery == "push":
         local_image_id = _local_image_id(local_client, opts, states)
-    # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.parallel): each host
+    # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.hosts.fanout): each host
     # stops at its next step, what was cut short is repaired by the next run (see rollout).
     pool = Parallel(max(1, min(max_workers, len(states))))
-    quiet = _until_cancelled(progress, pool.cancel)
+    say = until_cancelled(progress, pool.cancel)
     try:
-        pool.map(lambda st: _phase_connect(st, opts, local_image_id, quiet), states, "connect")
+        pool.map(lambda st: _phase_connect(st, opts, local_image_id, say), states, "connect")
         if opts.delivery == "push":
-            _phase_push(states, opts, local_client, pool, quiet)
-        pool.map(lambda st: _phase_rollout(st, opts, quiet, pool.cancel), states, "rollout")
+            _phase_push(states, opts, local_client, pool, say)
+        pool.map(lambda st: _phase_rollout(st, opts, say, pool.cancel), states, "rollout")
     except BaseException:
         pool.stop(close=lambda: _close_clients(states))
         raise
     finally:
         _close_clients(states)
     for st in states:
-        st.result.seconds = time.monotonic() - st.started
-    return [st.result for st in states]
+        st.outcome.data["seconds"] = time.monotonic() - st.started
+    return [st.outcome for st in states]
 
 
 def _close_clients(states: list[_HostState]) -> None:
@@ -1002,16 +955,6 @@ def _close_clients(states: list[_HostState]) -> None:
                 st.client.close()
 
 
-def _until_cancelled(progress: Progress, cancel: threading.Event) -> Progress:
-    """Progress lines until the run is interrupted, then silence."""
-
-    def report(host: str, message: str) -> None:
-        if not cancel.is_set():
-            progress(host, message)
-
-    return report
-
-
 def _checkpoint(cancel: threading.Event | None) -> None:
     """Between two steps on a host: stop here when the run was interrupted."""
     if cancel is not None and cancel.is_set():
@@ -1019,7 +962,7 @@ def _checkpoint(cancel: threading.Event | None) -> None:
 
 
 def _live(states: list[_HostState]) -> list[_HostState]:
-    return [st for st in states if st.result.status == "pending"]
+    return [st for st in states if st.outcome.state == PENDING]
 
 
 def _local_image_id(local_client: Any, opts: DeployOptions, states: list[_HostState]) -> str | None:
@@ -1028,7 +971,7 @@ def _local_image_id(local_client: Any, opts: DeployOptions, states: list[_HostSt
     refs = {st.settings.image for st in states if st.settings is not None}
     if len(refs) > 1:
         for st in _live(states):
-            _fail(st.result, ConfigError("--push needs one image for all hosts (use --image)"))
+            _fail(st.outcome, ConfigError("--push needs one image for all hosts (use --image)"))
         return None
     if not refs:
         return None
@@ -1038,18 +981,18 @@ def _local_image_id(local_client: Any, opts: DeployOptions, states: list[_HostSt
     except ImageNotFound:
         err = ConfigError(f"image {ref} is not on this machine's engine, so it cannot be pushed")
         for st in _live(states):
-            _fail(st.result, err)
+            _fail(st.outcome, err)
         return None
 
 
 def _phase_connect(
     st: _HostState, opts: DeployOptions, local_image_id: str | None, progress: Progress
 ) -> None:
-    if st.result.status != "pending" or st.settings is None:
+    if st.outcome.state != PENDING or st.settings is None:
         return
     from docker.errors import APIError, DockerException, ImageNotFound
 
-    from umprov.ssh import docker_client
+    from umprov.hosts.engine import docker_client
 
     try:
         progress(st.host.name, "connecting")
@@ -1068,7 +1011,7 @@ def _phase_connect(
                                          lambda msg: progress(st.host.name, msg))
             except (APIError, DockerException) as exc:
                 raise DeployFailed(
-                    f"pulling {st.settings.image} failed: {_docker_message(exc)}"
+                    f"pulling {st.settings.image} failed: {engine_error(exc)}"
                 ) from None
         else:
             try:
@@ -1079,11 +1022,11 @@ def _phase_connect(
                     "--pull)"
                 ) from None
     except (Unreachable, TrustError, AuthFailed, EngineDown, UmprovError) as exc:
-        _fail(st.result, exc)
+        _fail(st.outcome, exc)
     except DockerException as exc:
-        _fail(st.result, EngineDown(f"Docker engine error: {_docker_message(exc)}"))
+        _fail(st.outcome, EngineDown(f"Docker engine error: {engine_error(exc)}"))
     except Exception as exc:  # noqa: BLE001 - e.g. the connection lost: this host's result
-        _fail(st.result, _host_error(st, exc))
+        _fail(st.outcome, _host_error(st, exc))
 
 
 def _phase_push(
@@ -1177,19 +1120,19 @@ def _push_round(
         except BaseException as exc:  # noqa: BLE001 - recorded for this host only
             feed.drop(name)
             if name in stats and source.error is None:
-                progress(name, f"incremental push failed ({_docker_message(exc)}): "
+                progress(name, f"incremental push failed ({engine_error(exc)}): "
                                "sending every layer")
                 retry.append(st)
             else:
-                _fail(st.result, _host_error(st, exc, "push failed: "))
+                _fail(st.outcome, _host_error(st, exc, "push failed: "))
         finally:
             seconds = time.monotonic() - started
-            st.result.pushed_bytes += counters[name][0]
-            st.result.push_seconds += seconds
+            st.outcome.data["pushed_bytes"] += counters[name][0]
+            st.outcome.data["push_seconds"] += seconds
             # A failed attempt (before a retry) counts whole, in both figures.
-            st.result.push_stream_seconds += streamed.get(name, seconds) if ok else seconds
+            st.outcome.data["push_stream_seconds"] += streamed.get(name, seconds) if ok else seconds
             skipped = stats[name].skipped_bytes if ok and name in stats else 0
-            st.result.skipped_bytes = skipped
+            st.outcome.data["skipped_bytes"] = skipped
             if ok:
                 note = f", {_mb(skipped)} already on the host" if skipped else ""
                 split = ""
@@ -1201,7 +1144,7 @@ def _push_round(
     def report() -> None:
         while not done.wait(1.0):
             for st in need:
-                if (st.result.status == "pending" and st.image_id is None
+                if (st.outcome.state == PENDING and st.image_id is None
                         and st.host.name not in streamed):
                     sent = counters[st.host.name][0]
                     group = stats.get(st.host.name)
@@ -1242,16 +1185,16 @@ def _push_round(
 def _phase_rollout(
     st: _HostState, opts: DeployOptions, progress: Progress, cancel: threading.Event | None = None
 ) -> None:
-    if st.result.status != "pending" or st.settings is None or st.image_id is None:
-        if st.result.status == "pending":
-            _fail(st.result, DeployFailed("no image on the host"))
+    if st.outcome.state != PENDING or st.settings is None or st.image_id is None:
+        if st.outcome.state == PENDING:
+            _fail(st.outcome, DeployFailed("no image on the host"))
         return
     try:
-        rollout(st.client, st.host, st.settings, opts, st.image_id, st.result, progress,
+        rollout(st.client, st.host, st.settings, opts, st.image_id, st.outcome, progress,
                 cancel=cancel)
-        progress(st.host.name, st.result.status)
+        progress(st.host.name, st.outcome.state)
     except Exception as exc:  # noqa: BLE001 - one host's trouble is its result
-        _fail(st.result, _host_error(st, exc))
+        _fail(st.outcome, _host_error(st, exc))
 
 
 def _host_error(st: _HostState, exc: BaseException, what: str = "") -> UmprovError:
@@ -1261,7 +1204,7 @@ def _host_error(st: _HostState, exc: BaseException, what: str = "") -> UmprovErr
         return exc
     if connection_lost(st.client, exc):
         return Unreachable(
-            f"{what}{st.host.name}: the connection was lost mid-run ({_docker_message(exc)})"
+            f"{what}{st.host.name}: the connection was lost mid-run ({engine_error(exc)})"
         )
-    return DeployFailed(f"{what}{_docker_message(exc)}")
+    return DeployFailed(f"{what}{engine_error(exc)}")
 

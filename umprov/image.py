@@ -29,9 +29,10 @@ from typing import Any
 
 from umprov import __version__
 from umprov.errors import ConfigError, EnvironmentProblem, UmprovError
+from umprov.hosts.progress import quiet
 from umprov.paths import project_dir
 
-Progress = Callable[[str], None]
+Progress = Callable[[str], None]  # one line about the build
 
 DEFAULT_BASE = "pytorch/pytorch:2.9.0-cuda12.8-cudnn9-runtime"
 DEFAULT_TAG = f"umprov/pytorch-cuda:{__version__}"
@@ -56,10 +57,6 @@ CONTEXT_FILES = (
     "sshd_config",
     "user-setup.sh",
 )
-
-
-def _quiet(_msg: str) -> None:
-    pass
 
 
 def source_dir() -> Path:
@@ -162,7 +159,7 @@ def download_wheels(
     target: Target,
     *,
     find_links: list[Path],
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> int:
     """pip download every wheel the requirements need, for the target interpreter."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -203,7 +200,7 @@ def prepare_context(
     *,
     torch_wheel: Path | None,
     context: Path | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> tuple[Path, int]:
     """Assemble the build context; return (path, number of wheels)."""
     src = source_dir()
@@ -238,7 +235,7 @@ def build(
     lab: bool,
     torch_wheel: Path | None = None,
     python: str | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> BuildResult:
     """Prepare the context and build the image with the docker SDK on ``client``'s engine."""
     from docker.errors import APIError

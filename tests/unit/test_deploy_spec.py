@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.fakes import FakeHost as _FakeHost
 from umprov import deploy
-from umprov.errors import ConfigError, ExitCode
+from umprov.errors import ConfigError
 
 
 def FakeHost(**fields: Any) -> _FakeHost:  # noqa: N802 - stands in for the class
@@ -146,7 +146,7 @@ def test_create_kwargs_gpus_limits_and_ports():
 
 
 def test_token_goes_in_as_a_root_only_file():
-    data = deploy._token_tar("s3cret-token-value")
+    data = deploy.token_tar("s3cret-token-value")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         (member,) = tar.getmembers()
         assert member.name == deploy.TOKEN_PATH.lstrip("/")
@@ -176,18 +176,7 @@ def test_public_bind_pins_the_address_too():
     assert "ProxyJump" not in deploy.render_ssh_config(host, s, "umprov", None)
 
 
-# --- results ---------------------------------------------------------------------------------
-
-
-def test_exit_codes():
-    ok = deploy.HostResult("a", status="unchanged")
-    down = deploy.HostResult("b", status="unreachable")
-    untrusted = deploy.HostResult("c", status="untrusted")
-    failed = deploy.HostResult("d", status="failed")
-    assert deploy.exit_code([ok]) == ExitCode.OK
-    assert deploy.exit_code([ok, down]) == ExitCode.HOSTS_UNREACHABLE
-    assert deploy.exit_code([ok, down, untrusted]) == ExitCode.TRUST
-    assert deploy.exit_code([ok, down, failed]) == ExitCode.HOSTS_FAILED
+# --- messages --------------------------------------------------------------------------------
 
 
 def test_port_message():

@@ -22,12 +22,15 @@ from typing import Any
 
 import click
 import pytest
+from docker.models.containers import ExecResult
 
 from tests.unit.fakes import FakeHost
 from umprov import deploy, procs, provision
 from umprov.cli import cli, run
-from umprov.errors import ExitCode, Terminated
-from umprov.parallel import Cancelled, Parallel
+from umprov.errors import Cancelled, ExitCode, Terminated, UmprovError
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import quiet
+from umprov.hosts.results import HostOutcome
 
 # ---------------------------------------------------------------------------------------------
 # SIGTERM at the boundary
@@ -101,7 +104,7 @@ def test_main_handles_sighup_unless_started_under_nohup(
 
 
 # ---------------------------------------------------------------------------------------------
-# umprov.parallel
+# umprov.hosts.fanout
 
 
 def test_parallel_map_keeps_order_and_raises_a_task_error() -> None:
@@ -188,7 +191,7 @@ def test_broadcast_save_error_still_reaches_the_hosts() -> None:
     def eat() -> None:
         try:
             list(b.consume("a", [0]))
-        except deploy.UmprovError as exc:
+        except UmprovError as exc:
             got.append(str(exc))
 
     t = threading.Thread(target=eat, daemon=True)
@@ -324,13 +327,13 @@ class FakeContainer:
             self.token = fh.read().decode()
         return True
 
-    def exec_run(self, cmd: list[str], user: str = "", demux: bool = False) -> tuple[int, bytes]:
+    def exec_run(self, cmd: list[str], user: str = "", demux: bool = False) -> ExecResult:
         if cmd[0] == "/usr/local/bin/umprov-healthcheck":
-            return 0, b""
+            return ExecResult(0, b"")
         if cmd[:2] == ["cat", "/etc/ssh/keys/ssh_host_ed25519_key.pub"]:
-            return 0, HOST_KEY.encode() + b"\n"
+            return ExecResult(0, HOST_KEY.encode() + b"\n")
         if cmd[:2] == ["cat", deploy.TOKEN_PATH]:
-            return (0, self.token.encode()) if self.token else (1, b"No such file")
+            return ExecResult(0, self.token.encode()) if self.token else ExecResult(1, b"No such")
         raise AssertionError(cmd)
 
 
@@ -378,9 +381,9 @@ def _labels() -> dict[str, str]:
     return deploy.labels_for(spec, settings.image)
 
 
-def _rollout(engine: FakeEngine, progress: Any = deploy._quiet,
-             cancel: threading.Event | None = None) -> deploy.HostResult:
-    result = deploy.HostResult("gpu1")
+def _rollout(engine: FakeEngine, progress: Any = quiet,
+             cancel: threading.Event | None = None) -> HostOutcome:
+    result = deploy.new_outcome("gpu1")
     host = FakeHost()
     deploy.rollout(engine, host, deploy.settings_for(host, OPTS), OPTS, "sha256:img", result,
                    progress, cancel=cancel)
@@ -397,7 +400,7 @@ def test_container_set_aside_by_an_interrupted_replacement_is_taken_back() -> No
     engine.add("umprov-replaced-1764547200123", _labels(), started=True, token="tok-old")
     result = _rollout(engine)
     assert [c.name for c in engine.all] == ["umprov"]
-    assert result.status == "started" and engine.all[0].token == "tok-old"
+    assert result.state == "started" and engine.all[0].token == "tok-old"
     assert deploy.token_path("gpu1").read_text() == "tok-old\n"
 
 
@@ -405,7 +408,7 @@ def test_container_created_but_never_started_is_replaced() -> None:
     engine = FakeEngine()
     engine.add("umprov", _labels())  # interrupted between create and start: maybe no token
     result = _rollout(engine)
-    assert result.status == "replaced"
+    assert result.state == "replaced"
     (container,) = engine.all
     assert container.name == "umprov" and container.status == "running"
     assert deploy.token_path("gpu1").read_text().strip() == container.token
@@ -416,7 +419,7 @@ def test_token_file_of_a_replaced_container_is_corrected() -> None:
     engine = FakeEngine()
     engine.add("umprov", _labels(), started=True, running=True, token="tok-new")
     deploy.write_private(deploy.token_path("gpu1"), "tok-old\n")
-    assert _rollout(engine).status == "unchanged"
+    assert _rollout(engine).state == "unchanged"
     assert deploy.token_path("gpu1").read_text() == "tok-new\n"
 
 
@@ -451,7 +454,7 @@ def test_click_is_not_in_the_way_of_terminated() -> None:
 def test_a_rescued_failure_is_a_note_not_the_hosts_failure() -> None:
     """A re-run after an interrupt: dpkg was left interrupted, the role's rescue finished it and
     ran the task again; the host converged (failed 0), so its result has no failure."""
-    results: dict[str, provision.HostResult] = {}
+    results: dict[str, provision.HostCounts] = {}
     provision._consume({"event": "runner_on_failed", "event_data": {
         "host": "a", "task": "Install Docker",
         "res": {"msg": "E: dpkg was interrupted, you must manually run 'dpkg --configure -a'"},

@@ -8,7 +8,7 @@ import pytest
 
 from umprov import provision
 from umprov.errors import ConfigError, ExitCode
-from umprov.provision import HostResult, ProvisionResult
+from umprov.provision import HostCounts, ProvisionResult
 
 
 def test_parse_extra_vars_types():
@@ -23,21 +23,22 @@ def test_parse_extra_vars_rejects(bad):
         provision.parse_extra_vars([bad])
 
 
-def _result(*hosts: HostResult) -> ProvisionResult:
-    return ProvisionResult("playbooks/site.yml", "inv", False, list(hosts), 1.0, "/tmp/x")
+def _result(*hosts: HostCounts) -> ProvisionResult:
+    return ProvisionResult("playbooks/site.yml", "inv", False, [h.outcome() for h in hosts], 1.0,
+                           "/tmp/x")
 
 
 def test_exit_code_failed_beats_unreachable():
-    assert _result(HostResult("a", ok=3)).exit_code == ExitCode.OK
-    assert _result(HostResult("a"), HostResult("b", unreachable=1)).exit_code == ExitCode.HOSTS_UNREACHABLE
-    assert _result(HostResult("a", failed=1), HostResult("b", unreachable=1)).exit_code == ExitCode.HOSTS_FAILED
+    assert _result(HostCounts("a", ok=3)).exit_code == ExitCode.OK
+    assert _result(HostCounts("a"), HostCounts("b", unreachable=1)).exit_code == ExitCode.HOSTS_UNREACHABLE
+    assert _result(HostCounts("a", failed=1), HostCounts("b", unreachable=1)).exit_code == ExitCode.HOSTS_FAILED
 
 
 def test_status_words():
-    assert HostResult("a", ok=2).status == "ok"
-    assert HostResult("a", ok=2, changed=1).status == "changed"
-    assert HostResult("a", failed=1).status == "failed"
-    assert HostResult("a", unreachable=1, failed=1).status == "unreachable"
+    assert HostCounts("a", ok=2).status == "ok"
+    assert HostCounts("a", ok=2, changed=1).status == "changed"
+    assert HostCounts("a", failed=1).status == "failed"
+    assert HostCounts("a", unreachable=1, failed=1).status == "unreachable"
 
 
 def event(kind, host=None, task="t", **data):
@@ -45,7 +46,7 @@ def event(kind, host=None, task="t", **data):
 
 
 def test_consume_collects_changes_failures_and_notes():
-    results: dict[str, HostResult] = {}
+    results: dict[str, HostCounts] = {}
     seen = []
     for ev in [
         event("playbook_on_task_start", task="Install driver"),
@@ -64,7 +65,7 @@ def test_consume_collects_changes_failures_and_notes():
 
 
 def test_stats_decide_counts_and_hosts_that_never_ran():
-    results = {"a": HostResult("a"), "b": HostResult("b")}
+    results = {"a": HostCounts("a"), "b": HostCounts("b")}
     runner = SimpleNamespace(stats={"ok": {"a": 5}, "changed": {"a": 2}, "failures": {}, "dark": {}, "skipped": {}})
     provision._apply_stats(runner, results)
     assert (results["a"].ok, results["a"].changed, results["a"].failed) == (5, 2, 0)

@@ -334,8 +334,8 @@ class _H:
 
 
 def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
-    import umprov.ssh
-    from umprov.ssh import Unreachable
+    import umprov.hosts.engine
+    from umprov.errors import Unreachable
 
     log: list[str] = []
 
@@ -344,7 +344,7 @@ def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
             raise Unreachable(f"{host.name}: connection refused")
         return _FakeClient(host.name, log)
 
-    monkeypatch.setattr(umprov.ssh, "docker_client", client)
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client", client)
     return log
 
 

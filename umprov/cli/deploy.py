@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,9 +12,13 @@ from umprov.cli._common import (
     emit_json,
     inventory_argument,
     json_option,
-    print_table,
-    say,
+    print_outcomes,
+    say_problems,
 )
+from umprov.hosts import render
+
+if TYPE_CHECKING:
+    from umprov.hosts.results import HostOutcome
 
 
 @click.command()
@@ -77,9 +81,9 @@ def deploy(
         check_port,
         check_public_key,
         default_public_key,
-        exit_code,
         parse_gpus,
     )
+    from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
 
     # Validate what can be validated before touching any host.
@@ -126,37 +130,44 @@ def deploy(
     elapsed = time.monotonic() - started
     code = exit_code(results)
     if as_json:
+        from umprov.deploy import HOST_FIELDS
+
         emit_json({
             "ok": code == 0,
             "exit_code": int(code),
             "seconds": round(elapsed, 2),
-            "hosts": [r.to_dict() for r in results],
+            "hosts": render.records(results, HOST_FIELDS),
         })
-    rows = [
-        (r.host, r.status, (r.container_id or "")[:12], r.ssh or "", r.jupyter or "",
-         _push_cell(r), r.message)
-        for r in results
-    ]
-    print_table(f"deploy: {len(results)} host(s) in {elapsed:.1f} s",
-                ["host", "status", "container", "ssh", "jupyter", "push", "message"], rows)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        say(f"umprov: {len(failed)} of {len(results)} host(s) failed")
+    print_outcomes(f"deploy: {len(results)} host(s) in {elapsed:.1f} s", results, COLUMNS)
+    say_problems(results, "failed")
     return int(code)
 
 
-def _push_cell(result: Any) -> str:
-    if not result.pushed_bytes:
+def push_cell(outcome: HostOutcome) -> str:
+    """What the push to a host took: bytes, time, the transfer's rate apart from the load."""
+    data = outcome.data
+    sent = data["pushed_bytes"]
+    if not sent:
         return ""
-    sent = result.pushed_bytes
     cell = f"{sent / 1e6:.0f} MB" if sent >= 10**6 else f"{sent / 1e3:.0f} kB"
-    cell += f" in {result.push_seconds:.0f} s"
-    stream = result.push_stream_seconds
+    cell += f" in {data['push_seconds']:.0f} s"
+    stream = data["push_stream_seconds"]
     rate = sent / stream / 1e6 if stream else 0.0
     if rate >= 1:
         # The transfer and the host's docker load, which registers the layers after it.
-        cell += f": sent at {rate:.0f} MB/s, loaded in {result.push_seconds - stream:.0f} s"
-    skipped = getattr(result, "skipped_bytes", 0)
+        cell += f": sent at {rate:.0f} MB/s, loaded in {data['push_seconds'] - stream:.0f} s"
+    skipped = data["skipped_bytes"]
     if skipped:
         cell += f" ({skipped / 1e6:.0f} MB already on the host)"
     return cell
+
+
+COLUMNS: list[render.Field] = [
+    ("host", render.host),
+    ("status", render.state),
+    ("container", lambda o: (o.data["container_id"] or "")[:12]),
+    ("ssh", lambda o: o.data["ssh"] or ""),
+    ("jupyter", lambda o: o.data["jupyter"] or ""),
+    ("push", push_cell),
+    ("message", render.detail),
+]

@@ -57,8 +57,8 @@ def build(
     base = base or image_mod.DEFAULT_BASE
     tag = tag or (image_mod.LAB_TAG if lab else image_mod.DEFAULT_TAG)
     if host:
+        from umprov.hosts.engine import docker_client
         from umprov.inventory import load_inventory
-        from umprov.ssh import docker_client
 
         hosts = load_inventory(inventory).select(host)
         if len(hosts) != 1:

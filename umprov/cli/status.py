@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import click
@@ -21,9 +20,10 @@ _HOST_PROBE = (
 def host_status(host: Any, container_name: str | None, trust_new: bool) -> dict[str, Any]:
     from docker.errors import DockerException, NotFound
 
-    from umprov.deploy import DEFAULT_NAME, LABEL, _exec
+    from umprov.deploy import DEFAULT_NAME, LABEL
     from umprov.errors import UmprovError
-    from umprov.ssh import connect, docker_client, run_command
+    from umprov.hosts.engine import docker_client, exec_in
+    from umprov.hosts.ssh import connect, run_command
 
     name = container_name or str((host.vars or {}).get("umprov_container_name") or DEFAULT_NAME)
     row: dict[str, Any] = {"host": host.name, "reachable": False, "container": name}
@@ -68,9 +68,10 @@ def host_status(host: Any, container_name: str | None, trust_new: bool) -> dict[
             for k, v in (container.attrs["NetworkSettings"].get("Ports") or {}).items()
         }
         if state.get("Running"):
-            rc, out = _exec(container, ["sh", "-c", "nvidia-smi -L 2>/dev/null | grep -c '^GPU'"])
+            rc, out = exec_in(container, ["sh", "-c", "nvidia-smi -L 2>/dev/null | grep -c '^GPU'"],
+                              60, user="root")
             row["container_gpus"] = int(out.strip() or 0) if out.strip().isdigit() else 0
-            rc, _ = _exec(container, ["/usr/local/bin/umprov-healthcheck"])
+            rc, _ = exec_in(container, ["/usr/local/bin/umprov-healthcheck"], 60, user="root")
             row["jupyter"] = rc == 0
     except DockerException as exc:
         row["error"] = " ".join(str(exc).split())[:200]
@@ -132,8 +133,9 @@ def status(
     from umprov.inventory import load_inventory
 
     hosts = list(load_inventory(inventory).select(limit))
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-        rows = list(pool.map(lambda h: host_status(h, name, trust_new_hosts), hosts))
+    from umprov.hosts.fanout import Parallel
+
+    rows = Parallel(min(32, len(hosts))).map(lambda h: host_status(h, name, trust_new_hosts), hosts)
     if as_json:
         emit_json({"hosts": rows})
     table = [

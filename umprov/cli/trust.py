@@ -48,7 +48,7 @@ def trust(host: str, inventory: str | None, yes: bool, as_json: bool) -> int:
     umprov trust '[10.0.0.5]:2222' --yes
     """
     from umprov.errors import ConfigError, TrustError
-    from umprov.ssh import (
+    from umprov.hosts.ssh import (
         check_key,
         files_holding,
         host_pattern,
