@@ -1,5 +1,5 @@
-"""Incremental push: the docker-save tar rewrite (umprov.image_tar) and the push loop that uses
-it (umprov.deploy), against small fake docker-save tarballs and fake engines."""
+"""Incremental push: the docker-save tar rewrite (umprov.deploy.image_tar) and the push loop
+that uses it (umprov.deploy.push), against small fake docker-save tarballs and fake engines."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from umprov.image_tar import (
+from umprov.deploy.image_tar import (
     RewriteStats,
     chain_ids,
     graph_store_problem,
@@ -28,6 +27,11 @@ from umprov.image_tar import (
     rootfs_diff_ids,
     skip_plan,
 )
+from umprov.deploy.options import HostSettings
+from umprov.deploy.outcome import HOST_FIELDS, HostState, new_outcome
+from umprov.deploy.push import percent, push_image
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import size_text
 
 # ---------------------------------------------------------------------------------------------
 # Real data: `docker save` of a three-layer image on Docker 20.10.24 (Debian docker.io): the
@@ -421,10 +425,8 @@ class FakeLocal:
 
 def _push(engines: dict[str, FakeEngine], image: FakeImage, workers: int = 2
           ) -> tuple[list[Any], list[tuple[str, str]], FakeLocal]:
-    from umprov.deploy import DeployOptions, HostSettings, _HostState, _phase_push, new_outcome
-
     settings = HostSettings(image.tag, "none", 2222, 8888, "127.0.0.1", "umprov")
-    states = [_HostState(SimpleNamespace(name=n), new_outcome(n), settings, client=e)
+    states = [HostState(SimpleNamespace(name=n), new_outcome(n), settings, client=e)
               for n, e in engines.items()]
     messages: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -434,8 +436,7 @@ def _push(engines: dict[str, FakeEngine], image: FakeImage, workers: int = 2
             messages.append((host, msg))
 
     local = FakeLocal(image)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        _phase_push(states, DeployOptions(delivery="push"), local, pool, progress)
+    push_image(states, local, Parallel(workers), progress)
     return states, messages, local
 
 
@@ -498,14 +499,11 @@ def test_push_reports_a_failed_docker_save_on_every_host() -> None:
             self.saves += 1
             raise RuntimeError("engine went away")
 
-    from umprov.deploy import DeployOptions, HostSettings, _HostState, _phase_push, new_outcome
-
     settings = HostSettings(v2.tag, "none", 2222, 8888, "127.0.0.1", "umprov")
-    states = [_HostState(SimpleNamespace(name=n), new_outcome(n), settings, client=e)
+    states = [HostState(SimpleNamespace(name=n), new_outcome(n), settings, client=e)
               for n, e in engines.items()]
     local = BrokenLocal(v2)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        _phase_push(states, DeployOptions(delivery="push"), local, pool, lambda h, m: None)
+    push_image(states, local, Parallel(2), lambda h, m: None)
     assert local.saves == 1  # no retry: the save itself failed
     for st in states:
         assert st.outcome.state == "failed"
@@ -513,12 +511,11 @@ def test_push_reports_a_failed_docker_save_on_every_host() -> None:
 
 
 def test_progress_percentage_never_passes_99_before_the_end() -> None:
-    from umprov.deploy import _mb, _percent
-
-    assert _percent(1274, 1228) == " (~99%)"
-    assert _percent(614, 1228) == " (~50%)"
-    assert _percent(5, 0) == ""
-    assert _mb(51_200) == "51 kB" and _mb(1_273_525_760) == "1274 MB" and _mb(0) == "0 MB"
+    assert percent(1274, 1228) == " (~99%)"
+    assert percent(614, 1228) == " (~50%)"
+    assert percent(5, 0) == ""
+    assert size_text(51_200) == "51 kB" and size_text(1_273_525_760) == "1274 MB"
+    assert size_text(0) == "0 MB"
 
 
 def test_push_splits_the_transfer_from_the_hosts_load() -> None:
@@ -535,7 +532,6 @@ def test_push_splits_the_transfer_from_the_hosts_load() -> None:
 
     engine.load_image = slow_registration  # type: ignore[method-assign]
     states, messages, _ = _push({"h": engine}, v2)
-    from umprov.deploy import HOST_FIELDS
     from umprov.hosts.render import records
 
     outcome = states[0].outcome
@@ -551,7 +547,6 @@ def test_push_splits_the_transfer_from_the_hosts_load() -> None:
 
 def test_push_cell_shows_the_transfer_rate_and_the_load_time() -> None:
     from umprov.cli.deploy import push_cell
-    from umprov.deploy import new_outcome
 
     def outcome(**figures: float) -> Any:
         made = new_outcome("h")

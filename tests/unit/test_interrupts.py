@@ -25,12 +25,15 @@ import pytest
 from docker.models.containers import ExecResult
 
 from tests.unit.fakes import FakeHost
-from umprov import deploy, procs, provision
+from umprov import procs, provision
 from umprov.cli import cli, run
+from umprov.deploy import options, outcome, rollout, state, stream
+from umprov.deploy import spec as specs
 from umprov.errors import Cancelled, ExitCode, Terminated, UmprovError
 from umprov.hosts.fanout import Parallel
 from umprov.hosts.progress import quiet
 from umprov.hosts.results import HostOutcome
+from umprov.paths import write_private
 
 # ---------------------------------------------------------------------------------------------
 # SIGTERM at the boundary
@@ -158,7 +161,7 @@ def test_parallel_stop_after_an_interrupt_ends_tasks_within_seconds() -> None:
 def test_broadcast_interrupted_in_the_producer_stops_every_consumer() -> None:
     """Ctrl-C or SIGTERM while `docker save` streams: not a failed save on every host (exit
     10) but the interrupt itself, and every host's load is cut short at once."""
-    b = deploy._Broadcast(["a", "b"], depth=2)
+    b = stream.Broadcast(["a", "b"], depth=2)
     outcome: dict[str, str] = {}
 
     def eat(name: str) -> None:
@@ -185,7 +188,7 @@ def test_broadcast_interrupted_in_the_producer_stops_every_consumer() -> None:
 
 
 def test_broadcast_save_error_still_reaches_the_hosts() -> None:
-    b = deploy._Broadcast(["a"], depth=2)
+    b = stream.Broadcast(["a"], depth=2)
     got: list[str] = []
 
     def eat() -> None:
@@ -332,7 +335,7 @@ class FakeContainer:
             return ExecResult(0, b"")
         if cmd[:2] == ["cat", "/etc/ssh/keys/ssh_host_ed25519_key.pub"]:
             return ExecResult(0, HOST_KEY.encode() + b"\n")
-        if cmd[:2] == ["cat", deploy.TOKEN_PATH]:
+        if cmd[:2] == ["cat", specs.TOKEN_PATH]:
             return ExecResult(0, self.token.encode()) if self.token else ExecResult(1, b"No such")
         raise AssertionError(cmd)
 
@@ -372,20 +375,20 @@ class FakeEngine:
         return container
 
 
-OPTS = deploy.DeployOptions(image="img:1", gpus="none", authorized_keys="ssh-ed25519 AAAA me")
+OPTS = options.DeployOptions(image="img:1", gpus="none", authorized_keys="ssh-ed25519 AAAA me")
 
 
 def _labels() -> dict[str, str]:
-    settings = deploy.settings_for(FakeHost(), OPTS)
-    spec = deploy.container_spec(settings, "sha256:img", OPTS.authorized_keys)
-    return deploy.labels_for(spec, settings.image)
+    settings = options.settings_for(FakeHost(), OPTS)
+    spec = specs.container_spec(settings, "sha256:img", OPTS.authorized_keys)
+    return specs.labels_for(spec, settings.image)
 
 
 def _rollout(engine: FakeEngine, progress: Any = quiet,
              cancel: threading.Event | None = None) -> HostOutcome:
-    result = deploy.new_outcome("gpu1")
+    result = outcome.new_outcome("gpu1")
     host = FakeHost()
-    deploy.rollout(engine, host, deploy.settings_for(host, OPTS), OPTS, "sha256:img", result,
+    rollout.rollout(engine, host, options.settings_for(host, OPTS), OPTS, "sha256:img", result,
                    progress, cancel=cancel)
     return result
 
@@ -401,7 +404,7 @@ def test_container_set_aside_by_an_interrupted_replacement_is_taken_back() -> No
     result = _rollout(engine)
     assert [c.name for c in engine.all] == ["umprov"]
     assert result.state == "started" and engine.all[0].token == "tok-old"
-    assert deploy.token_path("gpu1").read_text() == "tok-old\n"
+    assert state.token_path("gpu1").read_text() == "tok-old\n"
 
 
 def test_container_created_but_never_started_is_replaced() -> None:
@@ -411,16 +414,16 @@ def test_container_created_but_never_started_is_replaced() -> None:
     assert result.state == "replaced"
     (container,) = engine.all
     assert container.name == "umprov" and container.status == "running"
-    assert deploy.token_path("gpu1").read_text().strip() == container.token
+    assert state.token_path("gpu1").read_text().strip() == container.token
 
 
 def test_token_file_of_a_replaced_container_is_corrected() -> None:
     """A run stopped after starting the new container, before recording its token."""
     engine = FakeEngine()
     engine.add("umprov", _labels(), started=True, running=True, token="tok-new")
-    deploy.write_private(deploy.token_path("gpu1"), "tok-old\n")
+    write_private(state.token_path("gpu1"), "tok-old\n")
     assert _rollout(engine).state == "unchanged"
-    assert deploy.token_path("gpu1").read_text() == "tok-new\n"
+    assert state.token_path("gpu1").read_text() == "tok-new\n"
 
 
 def test_interrupted_replacement_puts_the_old_container_back() -> None:
@@ -437,7 +440,7 @@ def test_interrupted_replacement_puts_the_old_container_back() -> None:
         _rollout(engine, progress, cancel)
     assert engine.all == [old]
     assert old.name == "umprov" and old.status == "running"
-    assert not deploy.token_path("gpu1").exists()
+    assert not state.token_path("gpu1").exists()
 
 
 def test_click_is_not_in_the_way_of_terminated() -> None:

@@ -32,7 +32,7 @@ def test_private_dir_takes_group_and_other_bits_away(tmp_path: Path) -> None:
 def test_token_dir_is_private_even_when_an_older_umprov_made_it_0755(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from umprov.deploy import token_path
+    from umprov.deploy.state import token_path
 
     monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "state" / "tokens").mkdir(parents=True)

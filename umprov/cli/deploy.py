@@ -16,6 +16,7 @@ from umprov.cli._common import (
     say_problems,
 )
 from umprov.hosts import render
+from umprov.hosts.progress import size_text
 
 if TYPE_CHECKING:
     from umprov.hosts.results import HostOutcome
@@ -74,7 +75,7 @@ def deploy(
     umprov deploy lab/demo --push --gpus none --limit lab-demo-1
     umprov status --connect lab-demo-1      # ssh command and Jupyter URL
     """
-    from umprov.deploy import (
+    from umprov.deploy.options import (
         DeployOptions,
         check_bind,
         check_image,
@@ -122,7 +123,7 @@ def deploy(
         local_client = docker_engine(start=False)
 
     from umprov.cli._progress import HostProgress
-    from umprov.deploy import deploy as run_deploy
+    from umprov.deploy.run import deploy as run_deploy
 
     started = time.monotonic()
     with HostProgress([h.name for h in hosts]) as progress:
@@ -130,7 +131,7 @@ def deploy(
     elapsed = time.monotonic() - started
     code = exit_code(results)
     if as_json:
-        from umprov.deploy import HOST_FIELDS
+        from umprov.deploy.outcome import HOST_FIELDS
 
         emit_json({
             "ok": code == 0,
@@ -149,8 +150,7 @@ def push_cell(outcome: HostOutcome) -> str:
     sent = data["pushed_bytes"]
     if not sent:
         return ""
-    cell = f"{sent / 1e6:.0f} MB" if sent >= 10**6 else f"{sent / 1e3:.0f} kB"
-    cell += f" in {data['push_seconds']:.0f} s"
+    cell = f"{size_text(sent)} in {data['push_seconds']:.0f} s"
     stream = data["push_stream_seconds"]
     rate = sent / stream / 1e6 if stream else 0.0
     if rate >= 1:

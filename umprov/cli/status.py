@@ -20,7 +20,8 @@ _HOST_PROBE = (
 def host_status(host: Any, container_name: str | None, trust_new: bool) -> dict[str, Any]:
     from docker.errors import DockerException, NotFound
 
-    from umprov.deploy import DEFAULT_NAME, LABEL
+    from umprov.deploy.options import DEFAULT_NAME
+    from umprov.deploy.spec import LABEL
     from umprov.errors import UmprovError
     from umprov.hosts.engine import docker_client, exec_in
     from umprov.hosts.ssh import connect, run_command
@@ -82,7 +83,7 @@ def host_status(host: Any, container_name: str | None, trust_new: bool) -> dict[
 
 def connect_text(host_name: str) -> str:
     """The ssh command and the Jupyter URL (with its token) for a deployed host."""
-    from umprov.deploy import load_connection, token_path
+    from umprov.deploy.state import load_connection, token_path
     from umprov.errors import ConfigError
 
     conn = load_connection(host_name)

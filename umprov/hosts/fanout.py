@@ -43,8 +43,7 @@ class Parallel:
 
     def check(self) -> None:
         """Raise Cancelled in a task once the run was interrupted."""
-        if self.cancel.is_set():
-            raise Cancelled
+        checkpoint(self.cancel)
 
     def start(self, fn: Callable[..., Any], *args: Any, name: str = "task") -> threading.Event:
         """Run ``fn(*args)`` in a daemon thread now (not counted against ``workers``); the
@@ -98,6 +97,12 @@ class Parallel:
             if left <= 0:
                 return
             done.wait(left)
+
+
+def checkpoint(cancel: threading.Event | None) -> None:
+    """Between two steps of a task: stop here (raise Cancelled) when the run was interrupted."""
+    if cancel is not None and cancel.is_set():
+        raise Cancelled
 
 
 def settle(

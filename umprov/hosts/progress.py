@@ -26,3 +26,8 @@ def until_cancelled(progress: Progress, cancel: threading.Event) -> Progress:
             progress(host, message)
 
     return report
+
+
+def size_text(size: int) -> str:
+    """A byte count for people: "1274 MB", "51 kB"."""
+    return f"{size / 1e6:.0f} MB" if size >= 10**6 or not size else f"{size / 1e3:.0f} kB"

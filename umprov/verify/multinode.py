@@ -37,6 +37,7 @@ from umprov.hosts import is_loopback
 from umprov.hosts.engine import engine_error, exec_in, tar_files
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress, quiet
+from umprov.inventory import flag
 from umprov.verify.agent import (
     AGENT_VERSION,
     DEFAULT_RATIOS,
@@ -372,7 +373,7 @@ def timings(run: HostRun) -> dict[str, float | None]:
 
 
 def container_kwargs(image: str, name: str, run_id: str, deployed_host_config: Mapping[str, Any],
-                     *, lab: bool) -> dict[str, Any]:
+                     *, raise_limits: bool) -> dict[str, Any]:
     """A throwaway container of the deployed image on the host's network, with its GPUs."""
     from docker.types import DeviceRequest, Ulimit
 
@@ -381,7 +382,7 @@ def container_kwargs(image: str, name: str, run_id: str, deployed_host_config: M
         "detach": True, "network_mode": "host", "shm_size": "16g",
         "labels": {LABEL: run_id, "org.umprov.managed": "false"},
     }
-    if not lab:  # lab hosts lack CAP_SYS_RESOURCE: no raised limits there (see deploy.py)
+    if raise_limits:  # umprov_container_limits: needs CAP_SYS_RESOURCE (see deploy/options.py)
         kw["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1),
                          Ulimit(name="stack", soft=67108864, hard=67108864)]
     runtime = deployed_host_config.get("Runtime")
@@ -472,7 +473,8 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     progress(name, "starting a host-network container")
     kwargs = container_kwargs(deployed.image.id, f"umprov-mn-{run_id[7:]}", run_id,
                               deployed.attrs.get("HostConfig") or {},
-                              lab=bool(st.run.vars.get("umprov_lab")))
+                              raise_limits=flag(st.run.vars.get("umprov_container_limits"),
+                                                default=True))
     try:
         st.container = st.client.containers.run(**kwargs)
     except Exception as exc:
