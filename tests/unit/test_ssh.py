@@ -156,3 +156,19 @@ def test_openssh_options_are_strict(tmp_path: Path):
     assert f"UserKnownHostsFile={tmp_path / 'a'} {tmp_path / 'b'}" in joined
     assert "StrictHostKeyChecking=yes" in joined and "BatchMode=yes" in joined
     assert "IdentitiesOnly=yes" in joined
+
+
+def test_presented_key_is_known_unknown_or_refused(monkeypatch: pytest.MonkeyPatch):
+    """What `umprov trust` shows: a new key is offered, a recorded one is known, a changed one
+    is refused before anyone is asked."""
+    key, other = _key(), _key()
+    host = FakeHost()
+    monkeypatch.setattr(ssh, "scan_host_key", lambda address, port: key)
+    shown = ssh.presented_key(host)
+    assert shown.pattern == "[127.0.0.1]:2222" and not shown.known
+    assert shown.label == f"ED25519 {ssh.fingerprint(key)}"
+    ssh.record_host_key(shown.pattern, shown.key)
+    assert ssh.presented_key(host).known
+    monkeypatch.setattr(ssh, "scan_host_key", lambda address, port: other)
+    with pytest.raises(TrustError, match="HOST KEY CHANGED for \\[127.0.0.1\\]:2222"):
+        ssh.presented_key(host)

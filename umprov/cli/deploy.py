@@ -118,9 +118,9 @@ def deploy(
     hosts = list(load_inventory(inventory).select(limit))
     local_client = None
     if opts.delivery == "push":
-        from umprov.lab import docker_engine
+        from umprov.hosts.engine import local_engine
 
-        local_client = docker_engine(start=False)
+        local_client = local_engine()
 
     from umprov.cli._progress import HostProgress
     from umprov.deploy.run import deploy as run_deploy

@@ -329,6 +329,37 @@ def run_command(client: Any, command: str, *, timeout: float = 60.0) -> tuple[in
     return stdout.channel.recv_exit_status(), out, err
 
 
+@dataclass(frozen=True)
+class Presented:
+    """A host's key as its server presents it (for `umprov trust` to show), against what
+    the known_hosts files record."""
+
+    pattern: str
+    key: paramiko.PKey
+    known: bool  # recorded already; otherwise unknown (a changed key raises)
+
+    @property
+    def label(self) -> str:
+        return key_label(self.key)
+
+
+def presented_key(host: HostLike) -> Presented:
+    """The key ``host``'s server presents, checked against its known_hosts files; a key that
+    differs from the recorded one is refused (TrustError), never offered for recording."""
+    pattern = host_pattern(host.address, host.port)
+    files = known_hosts_files(host)
+    key = scan_host_key(host.address, host.port)
+    check = check_key(load_known_hosts(files), pattern, key)
+    if check.state == "changed":
+        where = ", ".join(str(p) for p in files_holding(pattern, files))
+        raise TrustError(
+            f"HOST KEY CHANGED for {pattern}: it presents {key_label(key)}, {where} records "
+            f"{', '.join(key_label(k) for k in check.expected)}; refusing (remove the old "
+            "entry yourself if the host was really reinstalled)"
+        )
+    return Presented(pattern, key, check.state == "known")
+
+
 # ---------------------------------------------------------------------------------------------
 # OpenSSH command lines that keep the same trust
 
