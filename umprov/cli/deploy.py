@@ -75,33 +75,11 @@ def deploy(
     umprov deploy lab/demo --push --gpus none --limit lab-demo-1
     umprov status --connect lab-demo-1      # ssh command and Jupyter URL
     """
-    from umprov.deploy.options import (
-        DeployOptions,
-        check_bind,
-        check_image,
-        check_port,
-        check_public_key,
-        default_public_key,
-        parse_gpus,
-    )
+    from umprov.deploy.options import DeployOptions, checked
     from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
 
-    # Validate what can be validated before touching any host.
-    if image is not None:
-        check_image(image)
-    if gpus is not None:
-        parse_gpus(gpus)
-    if ssh_port is not None:
-        check_port(ssh_port, "--ssh-port")
-    if jupyter_port is not None:
-        check_port(jupyter_port, "--jupyter-port")
-    if bind is not None:
-        check_bind(bind)
-    key_path = authorized_key or default_public_key()
-    keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
-    private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
-    opts = DeployOptions(
+    opts = checked(DeployOptions(
         image=image,
         delivery=delivery or "none",
         gpus=gpus,
@@ -109,12 +87,10 @@ def deploy(
         jupyter_port=jupyter_port,
         bind=bind,
         name=name,
-        authorized_keys=keys,
-        identity_file=str(private) if private and private.is_file() else None,
         shm_size=shm_size,
         force=force,
         trust_new=trust_new_hosts,
-    )
+    ), authorized_key)
     hosts = list(load_inventory(inventory).select(limit))
     local_client = None
     if opts.delivery == "push":

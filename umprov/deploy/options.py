@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,27 @@ class DeployOptions:
     shm_size: str = DEFAULT_SHM
     force: bool = False
     trust_new: bool = False
+
+
+def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
+    """The command line's options, checked before any host is touched, with the public key
+    read from ``authorized_key`` (default: the user's own) and, when it lies beside it, its
+    private half for the ssh config deploy writes."""
+    if opts.image is not None:
+        check_image(opts.image)
+    if opts.gpus is not None:
+        parse_gpus(opts.gpus)
+    if opts.ssh_port is not None:
+        check_port(opts.ssh_port, "--ssh-port")
+    if opts.jupyter_port is not None:
+        check_port(opts.jupyter_port, "--jupyter-port")
+    if opts.bind is not None:
+        check_bind(opts.bind)
+    key_path = authorized_key or default_public_key()
+    keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
+    private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
+    identity = str(private) if private and private.is_file() else None
+    return replace(opts, authorized_keys=keys, identity_file=identity)
 
 
 @dataclass(frozen=True)
