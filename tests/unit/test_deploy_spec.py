@@ -220,3 +220,17 @@ def test_broadcast_feeds_every_host_and_survives_a_dropped_one():
         t.join(timeout=10)
     assert got["a"] == b"".join(bytes([i]) * 10 for i in range(50))
     assert counters["a"][0] == 500 and len(got["b"]) == 20
+
+
+def test_a_hosts_json_record_keeps_its_shape():
+    from umprov.deploy.outcome import HOST_FIELDS, new_outcome
+    from umprov.hosts.render import records
+
+    outcome = new_outcome("gpu1")
+    outcome.state, outcome.data["push_seconds"] = "created", 1.23456
+    assert records([outcome], HOST_FIELDS) == [{
+        "host": "gpu1", "ok": True, "status": "created", "message": "", "container_id": None,
+        "image_id": None, "ssh": None, "jupyter": None, "pushed_bytes": 0, "push_seconds": 1.23,
+        "push_stream_seconds": 0.0, "skipped_bytes": 0, "seconds": 0.0,
+    }]
+    assert list(records([outcome], HOST_FIELDS)[0])[:4] == ["host", "ok", "status", "message"]

@@ -208,3 +208,14 @@ def test_a_host_without_the_named_python_gets_a_hint_not_the_raw_text(result) ->
         "no Python at /usr/bin/python3 on this host: install python3 there, or set "
         "ansible_python_interpreter for the host in the inventory"
     )
+
+
+def test_a_hosts_json_record_keeps_its_shape():
+    counts = HostCounts("a", ok=3, changed=1, changed_tasks=["Install"], notes=["docker from x"])
+    host = _result(counts, HostCounts("b", failed=1, failure="Install: E: broken")).to_dict()
+    assert host["exit_code"] == ExitCode.HOSTS_FAILED
+    assert [list(h) for h in host["hosts"]] == [[
+        "host", "status", "ok", "changed", "failed", "unreachable", "skipped", "changed_tasks",
+        "failure", "notes", "roles"]] * 2
+    assert host["hosts"][0]["failure"] is None and host["hosts"][0]["status"] == "changed"
+    assert host["hosts"][1]["failure"] == "Install: E: broken"
