@@ -65,6 +65,31 @@ class Interrupted(UmprovError):
     exit_code = ExitCode.INTERRUPTED
 
 
+class Unreachable(UmprovError):
+    """The host did not answer on its SSH port (or the name does not resolve), or the
+    connection was lost mid-run."""
+
+    exit_code = ExitCode.HOSTS_UNREACHABLE
+
+
+class AuthFailed(UmprovError):
+    """SSH answered, but refused our key."""
+
+    exit_code = ExitCode.HOSTS_FAILED
+
+
+class EngineDown(UmprovError):
+    """SSH works, the Docker engine on the host does not answer."""
+
+    exit_code = ExitCode.HOSTS_FAILED
+
+
+class DeployFailed(UmprovError):
+    """The container could not be delivered or started on a host."""
+
+    exit_code = ExitCode.HOSTS_FAILED
+
+
 class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
     """SIGTERM or SIGHUP, raised in the main thread by the CLI's handler (exit 143 or 129).
 
@@ -80,3 +105,8 @@ class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrup
     @property
     def exit_code(self) -> int:
         return ExitCode.HANGUP if self.signame == "SIGHUP" else ExitCode.TERMINATED
+
+
+class Cancelled(BaseException):  # noqa: N818 - not an error: the run was interrupted
+    """Raised in a per-host task once the run was interrupted (umprov.hosts.fanout); a
+    BaseException so that the per-host ``except Exception`` handlers let it through."""

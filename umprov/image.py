@@ -9,14 +9,13 @@ Two flavours of the one Dockerfile:
 
 - the default: the official PyTorch CUDA runtime image, which already has torch (its conda
   Python is reused through a ``--system-site-packages`` venv);
-- ``--lab``: the lab's Debian 12 host image (python3.11, no pip) with torch from a CPU wheel
-  carried in the context.
+- a base without torch (e.g. the lab's Debian 12 host image: python3.11, no pip): torch comes
+  from a wheel carried in the context (``torch_wheel``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,17 +28,13 @@ from typing import Any
 
 from umprov import __version__
 from umprov.errors import ConfigError, EnvironmentProblem, UmprovError
+from umprov.hosts.progress import quiet
 from umprov.paths import project_dir
 
-Progress = Callable[[str], None]
+Progress = Callable[[str], None]  # one line about the build
 
 DEFAULT_BASE = "pytorch/pytorch:2.9.0-cuda12.8-cudnn9-runtime"
 DEFAULT_TAG = f"umprov/pytorch-cuda:{__version__}"
-LAB_TAG = f"umprov/pytorch-cuda:{__version__}-lab"
-# The CPU torch wheel the lab image carries (overridable: UMPROV_LAB_TORCH_WHEEL, --torch-wheel).
-LAB_TORCH_WHEEL = os.environ.get(
-    "UMPROV_LAB_TORCH_WHEEL", "/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-)
 # What the official image runs on (Ubuntu 22.04, conda Python 3.11), used when the base image
 # is not on this machine to ask.
 DEFAULT_PYTHON = "3.11"
@@ -56,10 +51,6 @@ CONTEXT_FILES = (
     "sshd_config",
     "user-setup.sh",
 )
-
-
-def _quiet(_msg: str) -> None:
-    pass
 
 
 def source_dir() -> Path:
@@ -162,7 +153,7 @@ def download_wheels(
     target: Target,
     *,
     find_links: list[Path],
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> int:
     """pip download every wheel the requirements need, for the target interpreter."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -203,7 +194,7 @@ def prepare_context(
     *,
     torch_wheel: Path | None,
     context: Path | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> tuple[Path, int]:
     """Assemble the build context; return (path, number of wheels)."""
     src = source_dir()
@@ -235,17 +226,15 @@ def build(
     *,
     base: str,
     tag: str,
-    lab: bool,
     torch_wheel: Path | None = None,
     python: str | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> BuildResult:
-    """Prepare the context and build the image with the docker SDK on ``client``'s engine."""
+    """Prepare the context and build the image with the docker SDK on ``client``'s engine;
+    ``torch_wheel``: torch installed from that wheel, for a base that has none."""
     from docker.errors import APIError
 
     started = time.monotonic()
-    if lab and torch_wheel is None:
-        torch_wheel = Path(LAB_TORCH_WHEEL)
     target = probe_base(client, base)
     if target is None:
         target = Target(python=python or DEFAULT_PYTHON, glibc=DEFAULT_GLIBC)

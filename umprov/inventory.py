@@ -43,7 +43,11 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
     "umprov_nccl_debug": ("str", "NCCL_DEBUG level recorded in verify reports"),
     "umprov_rendezvous_port": ("int", "torchrun rendezvous port on the first host"),
     "umprov_internode_busbw_gbps": ("float", "expected inter-node all_reduce bus bandwidth"),
-    "umprov_lab": ("bool", "set on hosts of the local lab (simulated, no GPU)"),
+    "umprov_container_limits": (
+        "bool",
+        "raise the memlock and stack limits NCCL wants in umprov's containers (default true; "
+        "needs CAP_SYS_RESOURCE, which the lab's hosts lack)",
+    ),
 }
 
 # Prefixes that mark a variable as umprov's: umprov_ plus each role's name.
@@ -224,6 +228,20 @@ def _too_big(value: Any) -> bool:
     return False
 
 
+# How Ansible writes booleans in inventories (an INI value stays a string).
+_TRUE = frozenset({"yes", "true", "1", "on", "y"})
+_FALSE = frozenset({"no", "false", "0", "off", "n"})
+
+
+def flag(value: Any, default: bool) -> bool:
+    """A boolean inventory variable: True, "yes", "on"... or ``default`` when unset."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() not in _FALSE
+
+
 def _type_ok(value: Any, typ: str) -> bool:
     if isinstance(value, str) and _TEMPLATE in value:
         return True  # resolved by Ansible at run time
@@ -243,18 +261,7 @@ def _type_ok(value: Any, typ: str) -> bool:
                 return False
             return math.isfinite(number)
         case "bool":
-            return isinstance(value, bool) or str(value).lower() in {
-                "yes",
-                "no",
-                "true",
-                "false",
-                "1",
-                "0",
-                "on",
-                "off",
-                "y",
-                "n",
-            }
+            return isinstance(value, bool) or str(value).lower() in _TRUE | _FALSE
         case "list":
             return isinstance(value, list | tuple | str)
         case "dict":

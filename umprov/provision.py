@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError, ExitCode, UmprovError
+from umprov.hosts import render
+from umprov.hosts.results import HostOutcome, exit_code
 from umprov.inventory import Inventory
 from umprov.paths import project_dir, state_dir, write_atomic, write_private
 
@@ -81,7 +83,9 @@ def resolve_strategy(requested: str = "auto") -> tuple[str, dict[str, str]]:
 
 
 @dataclass
-class HostResult:
+class HostCounts:
+    """What ansible-runner's events and play stats say of one host, as they arrive."""
+
     host: str
     ok: int = 0
     changed: int = 0
@@ -101,20 +105,27 @@ class HostResult:
             return "failed"
         return "changed" if self.changed else "ok"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "status": self.status,
+    def outcome(self) -> HostOutcome:
+        return HostOutcome(self.host, self.status, self.failure or "", {
             "ok": self.ok,
             "changed": self.changed,
             "failed": self.failed,
             "unreachable": self.unreachable,
             "skipped": self.skipped,
             "changed_tasks": self.changed_tasks,
-            "failure": self.failure,
             "notes": self.notes,
             "roles": self.status_facts,
-        }
+        })
+
+
+# A host in `umprov provision --json`.
+HOST_FIELDS: list[render.Field] = [
+    ("host", render.host),
+    ("status", render.state),
+    *render.data_fields("ok", "changed", "failed", "unreachable", "skipped", "changed_tasks"),
+    ("failure", lambda o: o.detail or None),
+    *render.data_fields("notes", "roles"),
+]
 
 
 @dataclass
@@ -122,18 +133,14 @@ class ProvisionResult:
     playbook: str
     inventory: str
     check: bool
-    hosts: list[HostResult]
+    hosts: list[HostOutcome]
     elapsed_s: float
     artifacts: str
     strategy: str = "linear"
 
     @property
     def exit_code(self) -> ExitCode:
-        if any(h.failed for h in self.hosts):
-            return ExitCode.HOSTS_FAILED
-        if any(h.unreachable for h in self.hosts):
-            return ExitCode.HOSTS_UNREACHABLE
-        return ExitCode.OK
+        return exit_code(self.hosts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,7 +152,7 @@ class ProvisionResult:
             "elapsed_s": round(self.elapsed_s, 2),
             "exit_code": int(self.exit_code),
             "artifacts": self.artifacts,
-            "hosts": [h.to_dict() for h in self.hosts],
+            "hosts": render.records(self.hosts, HOST_FIELDS),
         }
 
 
@@ -290,7 +297,7 @@ def run_playbook(
     if forks:
         cmdline += ["--forks", str(forks)]
 
-    results: dict[str, HostResult] = {}
+    results: dict[str, HostCounts] = {}
     events: queue.Queue[dict[str, Any] | None] = queue.Queue()
     cancel = cancel or threading.Event()
 
@@ -325,7 +332,7 @@ def run_playbook(
         )
     try:
         for host in inventory.select(limit):
-            results[host.name] = HostResult(host.name)
+            results[host.name] = HostCounts(host.name)
     except UmprovError:
         pass  # an Ansible pattern richer than select() knows; hosts appear as events arrive
     try:
@@ -360,7 +367,7 @@ def run_playbook(
         playbook=str(play_path.relative_to(root)),
         inventory=str(inventory.source),
         check=check,
-        hosts=[results[k] for k in sorted(results)],
+        hosts=[results[k].outcome() for k in sorted(results)],
         elapsed_s=time.monotonic() - started,
         artifacts=str(private),
         strategy=strategy_used,
@@ -540,14 +547,14 @@ def _stdout_tail(runner: Any) -> str:
 
 
 def _consume(
-    event: dict[str, Any], results: dict[str, HostResult], on_event: EventSink | None
+    event: dict[str, Any], results: dict[str, HostCounts], on_event: EventSink | None
 ) -> None:
     kind = event.get("event", "")
     data = event.get("event_data", {}) or {}
     host = data.get("host")
     task = str(data.get("task") or data.get("play") or "")
     if host and host not in results:
-        results[host] = HostResult(host)
+        results[host] = HostCounts(host)
     reduced: Event | None = None
     if kind == "playbook_on_task_start":
         reduced = Event("task_start", None, task)
@@ -581,7 +588,7 @@ def _consume(
         on_event(reduced)
 
 
-def _apply_stats(runner: Any, results: dict[str, HostResult]) -> None:
+def _apply_stats(runner: Any, results: dict[str, HostCounts]) -> None:
     stats = runner.stats or {}
     for key, attr in (
         ("ok", "ok"),
@@ -591,7 +598,7 @@ def _apply_stats(runner: Any, results: dict[str, HostResult]) -> None:
         ("skipped", "skipped"),
     ):
         for host, count in (stats.get(key) or {}).items():
-            results.setdefault(host, HostResult(host))
+            results.setdefault(host, HostCounts(host))
             setattr(results[host], attr, int(count))
     # Hosts that never ran (e.g. a failed preflight stopped the play) are not "ok".
     ran = set().union(*[set(stats.get(k) or {}) for k in ("ok", "failures", "dark", "skipped")])

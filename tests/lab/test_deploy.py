@@ -76,7 +76,7 @@ def first_deploy(lab: dict[str, Any]) -> dict[str, Any]:
 
 
 def container_ssh(host: str, command: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    from umprov.deploy import container_alias, ssh_config_path
+    from umprov.deploy.state import container_alias, ssh_config_path
 
     return subprocess.run(
         ["ssh", "-F", str(ssh_config_path(host)), "-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
@@ -93,7 +93,7 @@ def test_push_deploys_both_hosts(first_deploy: dict[str, Any]) -> None:
 
 
 def test_token_stored_private_and_never_printed(first_deploy: dict[str, Any]) -> None:
-    from umprov.deploy import token_path
+    from umprov.deploy.state import token_path
 
     for name in LAB["names"]:
         path = token_path(name)
@@ -129,7 +129,7 @@ def _free_port() -> int:
 @pytest.fixture
 def jupyter(first_deploy: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """A tunnel to the first host's Jupyter (published on that host's loopback)."""
-    from umprov.deploy import jump_alias, load_connection, ssh_config_path, token_path
+    from umprov.deploy.state import jump_alias, load_connection, ssh_config_path, token_path
 
     name = LAB["names"][0]
     conn = load_connection(name)

@@ -423,7 +423,7 @@ def nothing_left_on_hosts(what: str) -> None:
 
 def tokens_match_containers(indexes: list[int]) -> None:
     """The token file here is the one in each container (the next login works)."""
-    from umprov.deploy import token_path
+    from umprov.deploy.state import token_path
 
     for index in indexes:
         inside = in_deployed(index, "cat /etc/umprov/jupyter_token")
@@ -477,7 +477,7 @@ def test_deploy_signal_while_containers_start(sig: str, moment: str, image: str)
 
 
 def _ssh_config(index: int) -> Path:
-    from umprov.deploy import ssh_config_path
+    from umprov.deploy.state import ssh_config_path
 
     return ssh_config_path(host(index))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class FakeHost:
-    """What umprov reads of an inventory host (umprov.ssh.HostLike), without an inventory."""
+    """What umprov reads of an inventory host (umprov.hosts.HostLike), without an inventory."""
 
     name: str = "gpu1"
     address: str = "10.0.0.5"

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from umprov import __version__
-from umprov.cli import COMMANDS, cli, run
+from umprov.cli import COMMANDS, PLUGIN_GROUP, cli, run
 from umprov.errors import ExitCode, UmprovError
 
 HEAVY = ("ansible", "ansible_runner", "docker", "paramiko", "rich", "torch")
@@ -134,3 +134,58 @@ def test_run_returns_command_result():
         assert run(["ok-test"]) == 0
     finally:
         cli.commands.pop("ok-test")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands from other distributions (entry point group umprov.commands)
+
+
+@click.command()
+@click.option("--name", default="world")
+def plugin_hello(name: str) -> int:
+    """Say hello from a plugin."""
+    click.echo(f"hello {name}")
+    return ExitCode.OK
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch):
+    """Stand-in entry points of the group umprov.commands."""
+    from importlib import metadata
+
+    def use(**commands: str) -> None:
+        eps = [metadata.EntryPoint(name, value, PLUGIN_GROUP) for name, value in commands.items()]
+        monkeypatch.setattr(metadata, "entry_points",
+                            lambda group: [ep for ep in eps if ep.group == group])
+
+    return use
+
+
+def test_plugin_command_runs_with_its_options(umprov_cli, plugins):
+    plugins(hello="tests.unit.test_cli:plugin_hello")
+    result = umprov_cli("hello", "--name", "lab")
+    assert result.exit_code == 0 and result.stdout == "hello lab\n"
+    assert "Say hello from a plugin." in umprov_cli("hello", "--help").stdout
+
+
+def test_plugin_is_listed_but_not_loaded_by_help(umprov_cli, plugins):
+    plugins(ghost="no_such_module_anywhere:cmd")
+    result = umprov_cli("--help")
+    assert result.exit_code == 0
+    line = next(ln for ln in result.stdout.splitlines() if ln.strip().startswith("ghost"))
+    assert "umprov ghost --help" in line
+    broken = umprov_cli("ghost")
+    assert broken.exit_code == ExitCode.ENVIRONMENT
+    assert broken.stderr.startswith("umprov: error: the command 'ghost' from ")
+    assert len(broken.stderr.strip().splitlines()) == 1
+
+
+def test_plugin_cannot_take_a_builtin_name(umprov_cli, plugins):
+    plugins(deploy="tests.unit.test_cli:plugin_hello")
+    assert "--push" in umprov_cli("deploy", "--help").stdout
+    listed = [ln for ln in umprov_cli("--help").stdout.splitlines() if ln.startswith("  deploy ")]
+    assert len(listed) == 1
+
+
+def test_lab_is_not_built_in():
+    assert "lab" not in COMMANDS  # it comes from the umprov-lab distribution

@@ -58,15 +58,15 @@ def test_status_connect_without_deploy(umprov_cli):
 
 
 def test_status_connect_prints_token_only_when_asked(umprov_cli, tmp_path):
-    from umprov import deploy
+    from umprov.deploy import options, state
 
     host = type("H", (), {"name": "gpu1", "address": "10.0.0.5", "port": 22, "user": "ops",
                           "key_file": None, "known_hosts": None, "vars": {}})()
-    settings = deploy.HostSettings("img", "all", 2222, 8888, "127.0.0.1", "umprov")
-    deploy.record_connection(host, settings, "umprov", None)
+    settings = options.HostSettings("img", "all", 2222, 8888, "127.0.0.1", "umprov")
+    state.record_connection(host, settings, "umprov", None)
     from umprov.paths import write_private
 
-    write_private(deploy.token_path("gpu1"), "tok-" + "x" * 40 + "\n")
+    write_private(state.token_path("gpu1"), "tok-" + "x" * 40 + "\n")
     result = umprov_cli("status", "--connect", "gpu1")
     assert result.exit_code == 0
     assert "ssh -F" in result.stdout and "umprov-gpu1" in result.stdout
@@ -81,7 +81,9 @@ def test_trust_needs_an_address_or_inventory(umprov_cli):
 def test_image_build_help(umprov_cli):
     result = umprov_cli("image", "build", "--help")
     assert result.exit_code == 0
-    assert "--base" in result.stdout and "--tag" in result.stdout and "--lab" in result.stdout
+    assert "--base" in result.stdout and "--tag" in result.stdout
+    assert "--torch-wheel" in result.stdout
+    assert "--lab" not in result.stdout  # the lab's image: `umprov lab image` (umprov-lab)
 
 
 def test_image_requirements_and_platforms():

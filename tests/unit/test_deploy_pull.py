@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from umprov.deploy import DeployFailed, pull_image
+from umprov.deploy.pull import pull_image
+from umprov.errors import DeployFailed
 
 
 class FakeAPI:

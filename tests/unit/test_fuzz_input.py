@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from tests.conftest import REPO, _Boundary
-from umprov.deploy import check_bind, check_image, check_port, parse_gpus
+from umprov.deploy.options import check_bind, check_image, check_port, parse_gpus
 from umprov.errors import ConfigError, ExitCode, UmprovError
 from umprov.inventory import variable_specs
 from umprov.provision import parse_extra_vars
@@ -183,7 +183,7 @@ def yaml_texts(draw: st.DrawFn) -> str:
 ini_tokens = st.one_of(
     st.sampled_from(["ansible_host=10.0.0.1", "ansible_port=22", "ansible_port=²",
                      f"ansible_port={HUGE}", "ansible_port=-1", "umprov_gpus=0,1",
-                     "umprov_expected_gpus=x", "umprov_bogus=1", "umprov_lab=maybe", "=",
+                     "umprov_expected_gpus=x", "umprov_bogus=1", "umprov_container_limits=maybe", "=",
                      "a=b=c", "ansible_host=", '"unterminated', "umprov_ssh_port=1e3"]),
     st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12),
 )

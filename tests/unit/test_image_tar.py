@@ -1,5 +1,5 @@
-"""Incremental push: the docker-save tar rewrite (umprov.image_tar) and the push loop that uses
-it (umprov.deploy), against small fake docker-save tarballs and fake engines."""
+"""Incremental push: the docker-save tar rewrite (umprov.deploy.image_tar) and the push loop
+that uses it (umprov.deploy.push), against small fake docker-save tarballs and fake engines."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from umprov.image_tar import (
+from umprov.deploy.image_tar import (
     RewriteStats,
     chain_ids,
     graph_store_problem,
@@ -28,6 +27,11 @@ from umprov.image_tar import (
     rootfs_diff_ids,
     skip_plan,
 )
+from umprov.deploy.options import HostSettings
+from umprov.deploy.outcome import HOST_FIELDS, HostState, new_outcome
+from umprov.deploy.push import percent, push_image
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import size_text
 
 # ---------------------------------------------------------------------------------------------
 # Real data: `docker save` of a three-layer image on Docker 20.10.24 (Debian docker.io): the
@@ -421,10 +425,8 @@ class FakeLocal:
 
 def _push(engines: dict[str, FakeEngine], image: FakeImage, workers: int = 2
           ) -> tuple[list[Any], list[tuple[str, str]], FakeLocal]:
-    from umprov.deploy import DeployOptions, HostResult, HostSettings, _HostState, _phase_push
-
     settings = HostSettings(image.tag, "none", 2222, 8888, "127.0.0.1", "umprov")
-    states = [_HostState(SimpleNamespace(name=n), HostResult(n), settings, client=e)
+    states = [HostState(SimpleNamespace(name=n), new_outcome(n), settings, client=e)
               for n, e in engines.items()]
     messages: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -434,8 +436,7 @@ def _push(engines: dict[str, FakeEngine], image: FakeImage, workers: int = 2
             messages.append((host, msg))
 
     local = FakeLocal(image)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        _phase_push(states, DeployOptions(delivery="push"), local, pool, progress)
+    push_image(states, local, Parallel(workers), progress)
     return states, messages, local
 
 
@@ -452,15 +453,15 @@ def test_push_one_save_full_and_incremental_hosts(layout: str) -> None:
     assert local.saves == 1
     by = {st.host.name: st for st in states}
     for st in states:
-        assert st.result.status == "pending" and st.image_id == v2.image_id, st.result.message
+        assert st.outcome.state == "pending" and st.image_id == v2.image_id, st.outcome.detail
         assert v2.image_id in engines[st.host.name].images_by_id
     full = len(v2.save())
     for name in ("fresh", "snapshotter"):
-        assert by[name].result.skipped_bytes == 0
-        assert by[name].result.pushed_bytes == engines[name].received >= full
+        assert by[name].outcome.data["skipped_bytes"] == 0
+        assert by[name].outcome.data["pushed_bytes"] == engines[name].received >= full
     for name in ("has-v1", "has-v1-too"):
-        assert by[name].result.skipped_bytes == len(LAYERS[0]) + len(LAYERS[1])
-        assert by[name].result.pushed_bytes == engines[name].received < full - 60_000
+        assert by[name].outcome.data["skipped_bytes"] == len(LAYERS[0]) + len(LAYERS[1])
+        assert by[name].outcome.data["pushed_bytes"] == engines[name].received < full - 60_000
     text = "\n".join(f"{h}: {m}" for h, m in messages)
     assert "has-v1: the host already has 2 of the image's 3 layers" in text
     assert "snapshotter: sending every layer (containerd image store" in text
@@ -483,9 +484,9 @@ def test_push_falls_back_to_the_full_stream_when_an_incremental_load_fails() -> 
     engine.load_image = forgetful_load  # type: ignore[method-assign]
     states, messages, local = _push({"h": engine}, v2)
     st = states[0]
-    assert st.image_id == v2.image_id and st.result.status == "pending"
+    assert st.image_id == v2.image_id and st.outcome.state == "pending"
     assert local.saves == 2 and len(calls) == 2
-    assert st.result.skipped_bytes == 0
+    assert st.outcome.data["skipped_bytes"] == 0
     assert any("incremental push failed" in m and "no such file" in m for _, m in messages)
 
 
@@ -498,27 +499,23 @@ def test_push_reports_a_failed_docker_save_on_every_host() -> None:
             self.saves += 1
             raise RuntimeError("engine went away")
 
-    from umprov.deploy import DeployOptions, HostResult, HostSettings, _HostState, _phase_push
-
     settings = HostSettings(v2.tag, "none", 2222, 8888, "127.0.0.1", "umprov")
-    states = [_HostState(SimpleNamespace(name=n), HostResult(n), settings, client=e)
+    states = [HostState(SimpleNamespace(name=n), new_outcome(n), settings, client=e)
               for n, e in engines.items()]
     local = BrokenLocal(v2)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        _phase_push(states, DeployOptions(delivery="push"), local, pool, lambda h, m: None)
+    push_image(states, local, Parallel(2), lambda h, m: None)
     assert local.saves == 1  # no retry: the save itself failed
     for st in states:
-        assert st.result.status == "failed"
-        assert "docker save failed: engine went away" in st.result.message
+        assert st.outcome.state == "failed"
+        assert "docker save failed: engine went away" in st.outcome.detail
 
 
 def test_progress_percentage_never_passes_99_before_the_end() -> None:
-    from umprov.deploy import _mb, _percent
-
-    assert _percent(1274, 1228) == " (~99%)"
-    assert _percent(614, 1228) == " (~50%)"
-    assert _percent(5, 0) == ""
-    assert _mb(51_200) == "51 kB" and _mb(1_273_525_760) == "1274 MB" and _mb(0) == "0 MB"
+    assert percent(1274, 1228) == " (~99%)"
+    assert percent(614, 1228) == " (~50%)"
+    assert percent(5, 0) == ""
+    assert size_text(51_200) == "51 kB" and size_text(1_273_525_760) == "1274 MB"
+    assert size_text(0) == "0 MB"
 
 
 def test_push_splits_the_transfer_from_the_hosts_load() -> None:
@@ -535,10 +532,13 @@ def test_push_splits_the_transfer_from_the_hosts_load() -> None:
 
     engine.load_image = slow_registration  # type: ignore[method-assign]
     states, messages, _ = _push({"h": engine}, v2)
-    result = states[0].result
+    from umprov.hosts.render import records
+
+    outcome = states[0].outcome
+    stream_seconds = outcome.data["push_stream_seconds"]
     assert states[0].image_id == v2.image_id
-    assert 0 < result.push_stream_seconds <= result.push_seconds - 0.3
-    assert result.to_dict()["push_stream_seconds"] == round(result.push_stream_seconds, 2)
+    assert 0 < stream_seconds <= outcome.data["push_seconds"] - 0.3
+    assert records([outcome], HOST_FIELDS)[0]["push_stream_seconds"] == round(stream_seconds, 2)
     texts = [m for _, m in messages]
     assert any("the host's docker load is registering the layers" in m for m in texts)
     assert any(m.startswith("pushed ") and "(sent in " in m and ", loaded in " in m
@@ -546,13 +546,16 @@ def test_push_splits_the_transfer_from_the_hosts_load() -> None:
 
 
 def test_push_cell_shows_the_transfer_rate_and_the_load_time() -> None:
-    from umprov.cli.deploy import _push_cell
-    from umprov.deploy import HostResult
+    from umprov.cli.deploy import push_cell
 
-    result = HostResult("h", pushed_bytes=1_274_000_000, push_seconds=24.4,
-                        push_stream_seconds=12.7)
-    assert _push_cell(result) == "1274 MB in 24 s: sent at 100 MB/s, loaded in 12 s"
-    small = HostResult("h", pushed_bytes=51_200, push_seconds=10.1, push_stream_seconds=0.2,
-                       skipped_bytes=1_273_500_000)
-    assert _push_cell(small) == "51 kB in 10 s (1274 MB already on the host)"
-    assert _push_cell(HostResult("h")) == ""
+    def outcome(**figures: float) -> Any:
+        made = new_outcome("h")
+        made.data.update(figures)
+        return made
+
+    result = outcome(pushed_bytes=1_274_000_000, push_seconds=24.4, push_stream_seconds=12.7)
+    assert push_cell(result) == "1274 MB in 24 s: sent at 100 MB/s, loaded in 12 s"
+    small = outcome(pushed_bytes=51_200, push_seconds=10.1, push_stream_seconds=0.2,
+                    skipped_bytes=1_273_500_000)
+    assert push_cell(small) == "51 kB in 10 s (1274 MB already on the host)"
+    assert push_cell(outcome()) == ""

@@ -22,12 +22,18 @@ from typing import Any
 
 import click
 import pytest
+from docker.models.containers import ExecResult
 
 from tests.unit.fakes import FakeHost
-from umprov import deploy, procs, provision
+from umprov import procs, provision
 from umprov.cli import cli, run
-from umprov.errors import ExitCode, Terminated
-from umprov.parallel import Cancelled, Parallel
+from umprov.deploy import options, outcome, rollout, state, stream
+from umprov.deploy import spec as specs
+from umprov.errors import Cancelled, ExitCode, Terminated, UmprovError
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import quiet
+from umprov.hosts.results import HostOutcome
+from umprov.paths import write_private
 
 # ---------------------------------------------------------------------------------------------
 # SIGTERM at the boundary
@@ -101,7 +107,7 @@ def test_main_handles_sighup_unless_started_under_nohup(
 
 
 # ---------------------------------------------------------------------------------------------
-# umprov.parallel
+# umprov.hosts.fanout
 
 
 def test_parallel_map_keeps_order_and_raises_a_task_error() -> None:
@@ -155,7 +161,7 @@ def test_parallel_stop_after_an_interrupt_ends_tasks_within_seconds() -> None:
 def test_broadcast_interrupted_in_the_producer_stops_every_consumer() -> None:
     """Ctrl-C or SIGTERM while `docker save` streams: not a failed save on every host (exit
     10) but the interrupt itself, and every host's load is cut short at once."""
-    b = deploy._Broadcast(["a", "b"], depth=2)
+    b = stream.Broadcast(["a", "b"], depth=2)
     outcome: dict[str, str] = {}
 
     def eat(name: str) -> None:
@@ -182,13 +188,13 @@ def test_broadcast_interrupted_in_the_producer_stops_every_consumer() -> None:
 
 
 def test_broadcast_save_error_still_reaches_the_hosts() -> None:
-    b = deploy._Broadcast(["a"], depth=2)
+    b = stream.Broadcast(["a"], depth=2)
     got: list[str] = []
 
     def eat() -> None:
         try:
             list(b.consume("a", [0]))
-        except deploy.UmprovError as exc:
+        except UmprovError as exc:
             got.append(str(exc))
 
     t = threading.Thread(target=eat, daemon=True)
@@ -324,13 +330,13 @@ class FakeContainer:
             self.token = fh.read().decode()
         return True
 
-    def exec_run(self, cmd: list[str], user: str = "", demux: bool = False) -> tuple[int, bytes]:
+    def exec_run(self, cmd: list[str], user: str = "", demux: bool = False) -> ExecResult:
         if cmd[0] == "/usr/local/bin/umprov-healthcheck":
-            return 0, b""
+            return ExecResult(0, b"")
         if cmd[:2] == ["cat", "/etc/ssh/keys/ssh_host_ed25519_key.pub"]:
-            return 0, HOST_KEY.encode() + b"\n"
-        if cmd[:2] == ["cat", deploy.TOKEN_PATH]:
-            return (0, self.token.encode()) if self.token else (1, b"No such file")
+            return ExecResult(0, HOST_KEY.encode() + b"\n")
+        if cmd[:2] == ["cat", specs.TOKEN_PATH]:
+            return ExecResult(0, self.token.encode()) if self.token else ExecResult(1, b"No such")
         raise AssertionError(cmd)
 
 
@@ -369,20 +375,20 @@ class FakeEngine:
         return container
 
 
-OPTS = deploy.DeployOptions(image="img:1", gpus="none", authorized_keys="ssh-ed25519 AAAA me")
+OPTS = options.DeployOptions(image="img:1", gpus="none", authorized_keys="ssh-ed25519 AAAA me")
 
 
 def _labels() -> dict[str, str]:
-    settings = deploy.settings_for(FakeHost(), OPTS)
-    spec = deploy.container_spec(settings, "sha256:img", OPTS.authorized_keys)
-    return deploy.labels_for(spec, settings.image)
+    settings = options.settings_for(FakeHost(), OPTS)
+    spec = specs.container_spec(settings, "sha256:img", OPTS.authorized_keys)
+    return specs.labels_for(spec, settings.image)
 
 
-def _rollout(engine: FakeEngine, progress: Any = deploy._quiet,
-             cancel: threading.Event | None = None) -> deploy.HostResult:
-    result = deploy.HostResult("gpu1")
+def _rollout(engine: FakeEngine, progress: Any = quiet,
+             cancel: threading.Event | None = None) -> HostOutcome:
+    result = outcome.new_outcome("gpu1")
     host = FakeHost()
-    deploy.rollout(engine, host, deploy.settings_for(host, OPTS), OPTS, "sha256:img", result,
+    rollout.rollout(engine, host, options.settings_for(host, OPTS), OPTS, "sha256:img", result,
                    progress, cancel=cancel)
     return result
 
@@ -397,27 +403,27 @@ def test_container_set_aside_by_an_interrupted_replacement_is_taken_back() -> No
     engine.add("umprov-replaced-1764547200123", _labels(), started=True, token="tok-old")
     result = _rollout(engine)
     assert [c.name for c in engine.all] == ["umprov"]
-    assert result.status == "started" and engine.all[0].token == "tok-old"
-    assert deploy.token_path("gpu1").read_text() == "tok-old\n"
+    assert result.state == "started" and engine.all[0].token == "tok-old"
+    assert state.token_path("gpu1").read_text() == "tok-old\n"
 
 
 def test_container_created_but_never_started_is_replaced() -> None:
     engine = FakeEngine()
     engine.add("umprov", _labels())  # interrupted between create and start: maybe no token
     result = _rollout(engine)
-    assert result.status == "replaced"
+    assert result.state == "replaced"
     (container,) = engine.all
     assert container.name == "umprov" and container.status == "running"
-    assert deploy.token_path("gpu1").read_text().strip() == container.token
+    assert state.token_path("gpu1").read_text().strip() == container.token
 
 
 def test_token_file_of_a_replaced_container_is_corrected() -> None:
     """A run stopped after starting the new container, before recording its token."""
     engine = FakeEngine()
     engine.add("umprov", _labels(), started=True, running=True, token="tok-new")
-    deploy.write_private(deploy.token_path("gpu1"), "tok-old\n")
-    assert _rollout(engine).status == "unchanged"
-    assert deploy.token_path("gpu1").read_text() == "tok-new\n"
+    write_private(state.token_path("gpu1"), "tok-old\n")
+    assert _rollout(engine).state == "unchanged"
+    assert state.token_path("gpu1").read_text() == "tok-new\n"
 
 
 def test_interrupted_replacement_puts_the_old_container_back() -> None:
@@ -434,7 +440,7 @@ def test_interrupted_replacement_puts_the_old_container_back() -> None:
         _rollout(engine, progress, cancel)
     assert engine.all == [old]
     assert old.name == "umprov" and old.status == "running"
-    assert not deploy.token_path("gpu1").exists()
+    assert not state.token_path("gpu1").exists()
 
 
 def test_click_is_not_in_the_way_of_terminated() -> None:
@@ -451,7 +457,7 @@ def test_click_is_not_in_the_way_of_terminated() -> None:
 def test_a_rescued_failure_is_a_note_not_the_hosts_failure() -> None:
     """A re-run after an interrupt: dpkg was left interrupted, the role's rescue finished it and
     ran the task again; the host converged (failed 0), so its result has no failure."""
-    results: dict[str, provision.HostResult] = {}
+    results: dict[str, provision.HostCounts] = {}
     provision._consume({"event": "runner_on_failed", "event_data": {
         "host": "a", "task": "Install Docker",
         "res": {"msg": "E: dpkg was interrupted, you must manually run 'dpkg --configure -a'"},

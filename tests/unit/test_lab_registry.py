@@ -31,7 +31,9 @@ def test_tls_material_verifies_for_the_registry_name(tmp_path: Path) -> None:
     assert lab_registry.ensure_tls(folder, "umprov-lab-u-registry") is True
 
 
-def test_inventory_gives_the_hosts_the_registry_ca(tmp_path: Path) -> None:
+def test_inventory_gives_the_hosts_the_registry_ca(tmp_path: Path, monkeypatch) -> None:
+    # umprov.image no longer names the lab's image tag; the lab (moving out) defines its own.
+    monkeypatch.setattr(lab, "lab_image_tag", lambda: "umprov/pytorch-cuda:test-lab")
     lab_registry.ensure_tls(tmp_path, "umprov-lab-t-registry")
     reg = lab_registry.LabRegistry("umprov-lab-t-registry:5000", "127.0.0.1:22250",
                                    tmp_path / "ca.crt", "umprov-lab-t-registry")

@@ -32,7 +32,7 @@ def test_private_dir_takes_group_and_other_bits_away(tmp_path: Path) -> None:
 def test_token_dir_is_private_even_when_an_older_umprov_made_it_0755(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from umprov.deploy import token_path
+    from umprov.deploy.state import token_path
 
     monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "state" / "tokens").mkdir(parents=True)
@@ -45,7 +45,7 @@ def test_token_dir_is_private_even_when_an_older_umprov_made_it_0755(
 
 
 def test_pinned_keys_lists_the_keys_under_a_name(tmp_path: Path) -> None:
-    from umprov.ssh import pinned_keys
+    from umprov.hosts.ssh import pinned_keys
 
     known = tmp_path / "known_hosts"
     assert pinned_keys("umprov-gpu1", known) == []

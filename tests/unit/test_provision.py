@@ -8,7 +8,7 @@ import pytest
 
 from umprov import provision
 from umprov.errors import ConfigError, ExitCode
-from umprov.provision import HostResult, ProvisionResult
+from umprov.provision import HostCounts, ProvisionResult
 
 
 def test_parse_extra_vars_types():
@@ -23,21 +23,22 @@ def test_parse_extra_vars_rejects(bad):
         provision.parse_extra_vars([bad])
 
 
-def _result(*hosts: HostResult) -> ProvisionResult:
-    return ProvisionResult("playbooks/site.yml", "inv", False, list(hosts), 1.0, "/tmp/x")
+def _result(*hosts: HostCounts) -> ProvisionResult:
+    return ProvisionResult("playbooks/site.yml", "inv", False, [h.outcome() for h in hosts], 1.0,
+                           "/tmp/x")
 
 
 def test_exit_code_failed_beats_unreachable():
-    assert _result(HostResult("a", ok=3)).exit_code == ExitCode.OK
-    assert _result(HostResult("a"), HostResult("b", unreachable=1)).exit_code == ExitCode.HOSTS_UNREACHABLE
-    assert _result(HostResult("a", failed=1), HostResult("b", unreachable=1)).exit_code == ExitCode.HOSTS_FAILED
+    assert _result(HostCounts("a", ok=3)).exit_code == ExitCode.OK
+    assert _result(HostCounts("a"), HostCounts("b", unreachable=1)).exit_code == ExitCode.HOSTS_UNREACHABLE
+    assert _result(HostCounts("a", failed=1), HostCounts("b", unreachable=1)).exit_code == ExitCode.HOSTS_FAILED
 
 
 def test_status_words():
-    assert HostResult("a", ok=2).status == "ok"
-    assert HostResult("a", ok=2, changed=1).status == "changed"
-    assert HostResult("a", failed=1).status == "failed"
-    assert HostResult("a", unreachable=1, failed=1).status == "unreachable"
+    assert HostCounts("a", ok=2).status == "ok"
+    assert HostCounts("a", ok=2, changed=1).status == "changed"
+    assert HostCounts("a", failed=1).status == "failed"
+    assert HostCounts("a", unreachable=1, failed=1).status == "unreachable"
 
 
 def event(kind, host=None, task="t", **data):
@@ -45,7 +46,7 @@ def event(kind, host=None, task="t", **data):
 
 
 def test_consume_collects_changes_failures_and_notes():
-    results: dict[str, HostResult] = {}
+    results: dict[str, HostCounts] = {}
     seen = []
     for ev in [
         event("playbook_on_task_start", task="Install driver"),
@@ -64,7 +65,7 @@ def test_consume_collects_changes_failures_and_notes():
 
 
 def test_stats_decide_counts_and_hosts_that_never_ran():
-    results = {"a": HostResult("a"), "b": HostResult("b")}
+    results = {"a": HostCounts("a"), "b": HostCounts("b")}
     runner = SimpleNamespace(stats={"ok": {"a": 5}, "changed": {"a": 2}, "failures": {}, "dark": {}, "skipped": {}})
     provision._apply_stats(runner, results)
     assert (results["a"].ok, results["a"].changed, results["a"].failed) == (5, 2, 0)
@@ -207,3 +208,14 @@ def test_a_host_without_the_named_python_gets_a_hint_not_the_raw_text(result) ->
         "no Python at /usr/bin/python3 on this host: install python3 there, or set "
         "ansible_python_interpreter for the host in the inventory"
     )
+
+
+def test_a_hosts_json_record_keeps_its_shape():
+    counts = HostCounts("a", ok=3, changed=1, changed_tasks=["Install"], notes=["docker from x"])
+    host = _result(counts, HostCounts("b", failed=1, failure="Install: E: broken")).to_dict()
+    assert host["exit_code"] == ExitCode.HOSTS_FAILED
+    assert [list(h) for h in host["hosts"]] == [[
+        "host", "status", "ok", "changed", "failed", "unreachable", "skipped", "changed_tasks",
+        "failure", "notes", "roles"]] * 2
+    assert host["hosts"][0]["failure"] is None and host["hosts"][0]["status"] == "changed"
+    assert host["hosts"][1]["failure"] == "Install: E: broken"

@@ -1,4 +1,4 @@
-"""umprov.ssh: known_hosts handling, trust decisions and their messages (no network)."""
+"""umprov.hosts.ssh: known_hosts handling, trust decisions and their messages (no network)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import paramiko
 import pytest
 
+import umprov
 from tests.unit.fakes import FakeHost as _FakeHost
-from umprov import ssh
-from umprov.errors import ExitCode, TrustError
+from umprov.errors import ExitCode, TrustError, Unreachable
+from umprov.hosts import ssh
 
 
 def FakeHost(**fields: Any) -> _FakeHost:  # noqa: N802 - stands in for the class
@@ -134,7 +135,7 @@ def test_policy_refuses_unknown_unless_asked():
 
 
 def test_no_auto_add_policy_anywhere():
-    root = Path(ssh.__file__).parent
+    root = Path(umprov.__file__).parent
     for path in root.rglob("*.py"):
         text = path.read_text()
         assert "AutoAddPolicy" not in text and "WarningPolicy" not in text, path
@@ -144,7 +145,7 @@ def test_connect_refused_port_is_unreachable():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(ssh.Unreachable) as err:
+    with pytest.raises(Unreachable) as err:
         ssh.connect(FakeHost(port=port), timeout=2)
     assert err.value.exit_code == ExitCode.HOSTS_UNREACHABLE
 
@@ -155,3 +156,19 @@ def test_openssh_options_are_strict(tmp_path: Path):
     assert f"UserKnownHostsFile={tmp_path / 'a'} {tmp_path / 'b'}" in joined
     assert "StrictHostKeyChecking=yes" in joined and "BatchMode=yes" in joined
     assert "IdentitiesOnly=yes" in joined
+
+
+def test_presented_key_is_known_unknown_or_refused(monkeypatch: pytest.MonkeyPatch):
+    """What `umprov trust` shows: a new key is offered, a recorded one is known, a changed one
+    is refused before anyone is asked."""
+    key, other = _key(), _key()
+    host = FakeHost()
+    monkeypatch.setattr(ssh, "scan_host_key", lambda address, port: key)
+    shown = ssh.presented_key(host)
+    assert shown.pattern == "[127.0.0.1]:2222" and not shown.known
+    assert shown.label == f"ED25519 {ssh.fingerprint(key)}"
+    ssh.record_host_key(shown.pattern, shown.key)
+    assert ssh.presented_key(host).known
+    monkeypatch.setattr(ssh, "scan_host_key", lambda address, port: other)
+    with pytest.raises(TrustError, match="HOST KEY CHANGED for \\[127.0.0.1\\]:2222"):
+        ssh.presented_key(host)

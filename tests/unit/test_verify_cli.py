@@ -148,7 +148,7 @@ def test_run_agent_in_container_without_a_report():
 
 
 def test_verify_hosts_reports_each_host_even_when_it_fails(monkeypatch):
-    import umprov.ssh
+    import umprov.hosts.engine
     from umprov.errors import UmprovError
 
     class Missing(Exception):
@@ -160,7 +160,7 @@ def test_verify_hosts_reports_each_host_even_when_it_fails(monkeypatch):
         containers = SimpleNamespace(get=lambda name: (_ for _ in ()).throw(Missing(name)))
         return SimpleNamespace(containers=containers, close=lambda: None)
 
-    monkeypatch.setattr(umprov.ssh, "docker_client", fake_client)
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client", fake_client)
     hosts = [SimpleNamespace(name="down", vars={}),
              SimpleNamespace(name="bare", vars={"umprov_container_name": "mine"})]
     seen: list[tuple[str, str]] = []

@@ -99,12 +99,12 @@ def test_container_kwargs_host_network_and_gpus() -> None:
     hc = {"Runtime": "nvidia", "DeviceRequests": [
         {"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]],
          "Options": {}}]}
-    kw = container_kwargs("sha256:abc", "umprov-mn-1", "umprov-1", hc, lab=False)
+    kw = container_kwargs("sha256:abc", "umprov-mn-1", "umprov-1", hc, raise_limits=True)
     assert kw["network_mode"] == "host" and kw["runtime"] == "nvidia"
     assert kw["labels"]["org.umprov.multinode"] == "umprov-1"
     assert kw["device_requests"][0]["Count"] == -1
     assert {u["Name"] for u in kw["ulimits"]} == {"memlock", "stack"}
-    lab = container_kwargs("img", "n", "r", {}, lab=True)
+    lab = container_kwargs("img", "n", "r", {}, raise_limits=False)
     assert "ulimits" not in lab and "device_requests" not in lab and "runtime" not in lab
 
 
@@ -329,13 +329,13 @@ class _FakeClient:
 
 class _H:
     def __init__(self, name: str, address: str = "127.0.0.1", **hv: object) -> None:
-        self.name, self.address, self.port, self.vars = name, address, 22, {"umprov_lab": True,
+        self.name, self.address, self.port, self.vars = name, address, 22, {"umprov_container_limits": False,
                                                                             **hv}
 
 
 def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
-    import umprov.ssh
-    from umprov.ssh import Unreachable
+    import umprov.hosts.engine
+    from umprov.errors import Unreachable
 
     log: list[str] = []
 
@@ -344,7 +344,7 @@ def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
             raise Unreachable(f"{host.name}: connection refused")
         return _FakeClient(host.name, log)
 
-    monkeypatch.setattr(umprov.ssh, "docker_client", client)
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client", client)
     return log
 
 

@@ -2,7 +2,9 @@
 
 Each command lives in its own module, imported only when that command (or its help) is
 needed; heavy libraries (ansible, ansible_runner, docker, paramiko, rich) are imported inside
-command functions, so ``umprov --help`` stays fast.
+command functions, so ``umprov --help`` stays fast. Other distributions add commands through
+the entry point group ``umprov.commands`` (the lab: ``lab = "umprov_lab.cli:lab"``), loaded
+only when that command runs or its own help is asked for.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from umprov import __version__
 from umprov.errors import ExitCode, Terminated, UmprovError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 # name -> "module:attribute"; the order here is the order in --help.
 COMMANDS: dict[str, str] = {
@@ -31,8 +36,30 @@ COMMANDS: dict[str, str] = {
     "trust": "umprov.cli.trust:trust",
     "image": "umprov.cli.image:image",
     "inventory": "umprov.cli.inventory:inventory",
-    "lab": "umprov.cli.lab:lab",
 }
+PLUGIN_GROUP = "umprov.commands"
+
+
+def plugin_commands() -> dict[str, EntryPoint]:
+    """Commands other distributions add (entry point group ``umprov.commands``), by name; a
+    built-in command's name is never taken over."""
+    from importlib import metadata
+
+    found = metadata.entry_points(group=PLUGIN_GROUP)
+    return {ep.name: ep for ep in found if ep.name not in COMMANDS}
+
+
+def _load_plugin(ep: EntryPoint) -> click.Command:
+    source = ep.dist.name if ep.dist is not None else ep.value
+    try:
+        command = ep.load()
+    except Exception as exc:  # noqa: BLE001 - a broken plugin is a prerequisite problem
+        raise UmprovError(f"the command {ep.name!r} from {source} cannot be loaded: {exc}",
+                          exit_code=ExitCode.ENVIRONMENT) from None
+    if not isinstance(command, click.Command):
+        raise UmprovError(f"the command {ep.name!r} from {source} is not a Click command",
+                          exit_code=ExitCode.ENVIRONMENT)
+    return command
 
 
 class LazyGroup(click.Group):
@@ -43,13 +70,39 @@ class LazyGroup(click.Group):
         self._lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*self._lazy, *sorted(super().list_commands(ctx))]
+        return [*self._lazy, *sorted(plugin_commands()), *sorted(super().list_commands(ctx))]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self._lazy:
             module_name, attr = self._lazy[cmd_name].split(":")
             return getattr(importlib.import_module(module_name), attr)
-        return super().get_command(ctx, cmd_name)
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in (plugins := plugin_commands()):
+            command = _load_plugin(plugins[cmd_name])
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Click's list of commands, except that a plugin is named, not loaded."""
+        plugins = plugin_commands()
+        commands: list[tuple[str, click.Command | None]] = []
+        for name in self.list_commands(ctx):
+            command = None if name in plugins else self.get_command(ctx, name)
+            if name in plugins or (command is not None and not command.hidden):
+                commands.append((name, command))
+        if not commands:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in commands)
+        rows = [
+            (name, command.get_short_help_str(limit) if command else _plugin_help(plugins[name]))
+            for name, command in commands
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _plugin_help(ep: EntryPoint) -> str:
+    source = ep.dist.name if ep.dist is not None else "another package"
+    return f"Commands from {source} (umprov {ep.name} --help)."
 
 
 def _stack_versions() -> list[tuple[str, str]]:
@@ -70,7 +123,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         return
     for name, version in _stack_versions():
         click.echo(f"{name} {version}")
-    ctx.exit(0)
+    ctx.exit(ExitCode.OK)
 
 
 @click.group(

@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from umprov.hosts.render import Field
+    from umprov.hosts.results import HostOutcome
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,3 +73,17 @@ def print_table(
     lines = [title, "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     click.echo("\n".join(lines), err=True)
+
+
+def print_outcomes(title: str, outcomes: Sequence[HostOutcome], columns: Sequence[Field]) -> None:
+    """The table of a command's host outcomes, one column per (header, getter)."""
+    from umprov.hosts.render import rows
+
+    print_table(title, [name for name, _ in columns], rows(outcomes, columns))
+
+
+def say_problems(outcomes: Sequence[HostOutcome], word: str) -> None:
+    """'umprov: N of M host(s) WORD' when some host's outcome is not a success."""
+    bad = [o for o in outcomes if not o.ok]
+    if bad:
+        say(f"umprov: {len(bad)} of {len(outcomes)} host(s) {word}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,9 +12,14 @@ from umprov.cli._common import (
     emit_json,
     inventory_argument,
     json_option,
-    print_table,
-    say,
+    print_outcomes,
+    say_problems,
 )
+from umprov.hosts import render
+from umprov.hosts.progress import size_text
+
+if TYPE_CHECKING:
+    from umprov.hosts.results import HostOutcome
 
 
 @click.command()
@@ -70,33 +75,11 @@ def deploy(
     umprov deploy lab/demo --push --gpus none --limit lab-demo-1
     umprov status --connect lab-demo-1      # ssh command and Jupyter URL
     """
-    from umprov.deploy import (
-        DeployOptions,
-        check_bind,
-        check_image,
-        check_port,
-        check_public_key,
-        default_public_key,
-        exit_code,
-        parse_gpus,
-    )
+    from umprov.deploy.options import DeployOptions, checked
+    from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
 
-    # Validate what can be validated before touching any host.
-    if image is not None:
-        check_image(image)
-    if gpus is not None:
-        parse_gpus(gpus)
-    if ssh_port is not None:
-        check_port(ssh_port, "--ssh-port")
-    if jupyter_port is not None:
-        check_port(jupyter_port, "--jupyter-port")
-    if bind is not None:
-        check_bind(bind)
-    key_path = authorized_key or default_public_key()
-    keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
-    private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
-    opts = DeployOptions(
+    opts = checked(DeployOptions(
         image=image,
         delivery=delivery or "none",
         gpus=gpus,
@@ -104,21 +87,19 @@ def deploy(
         jupyter_port=jupyter_port,
         bind=bind,
         name=name,
-        authorized_keys=keys,
-        identity_file=str(private) if private and private.is_file() else None,
         shm_size=shm_size,
         force=force,
         trust_new=trust_new_hosts,
-    )
+    ), authorized_key)
     hosts = list(load_inventory(inventory).select(limit))
     local_client = None
     if opts.delivery == "push":
-        from umprov.lab import docker_engine
+        from umprov.hosts.engine import local_engine
 
-        local_client = docker_engine(start=False)
+        local_client = local_engine()
 
     from umprov.cli._progress import HostProgress
-    from umprov.deploy import deploy as run_deploy
+    from umprov.deploy.run import deploy as run_deploy
 
     started = time.monotonic()
     with HostProgress([h.name for h in hosts]) as progress:
@@ -126,37 +107,43 @@ def deploy(
     elapsed = time.monotonic() - started
     code = exit_code(results)
     if as_json:
+        from umprov.deploy.outcome import HOST_FIELDS
+
         emit_json({
             "ok": code == 0,
             "exit_code": int(code),
             "seconds": round(elapsed, 2),
-            "hosts": [r.to_dict() for r in results],
+            "hosts": render.records(results, HOST_FIELDS),
         })
-    rows = [
-        (r.host, r.status, (r.container_id or "")[:12], r.ssh or "", r.jupyter or "",
-         _push_cell(r), r.message)
-        for r in results
-    ]
-    print_table(f"deploy: {len(results)} host(s) in {elapsed:.1f} s",
-                ["host", "status", "container", "ssh", "jupyter", "push", "message"], rows)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        say(f"umprov: {len(failed)} of {len(results)} host(s) failed")
+    print_outcomes(f"deploy: {len(results)} host(s) in {elapsed:.1f} s", results, COLUMNS)
+    say_problems(results, "failed")
     return int(code)
 
 
-def _push_cell(result: Any) -> str:
-    if not result.pushed_bytes:
+def push_cell(outcome: HostOutcome) -> str:
+    """What the push to a host took: bytes, time, the transfer's rate apart from the load."""
+    data = outcome.data
+    sent = data["pushed_bytes"]
+    if not sent:
         return ""
-    sent = result.pushed_bytes
-    cell = f"{sent / 1e6:.0f} MB" if sent >= 10**6 else f"{sent / 1e3:.0f} kB"
-    cell += f" in {result.push_seconds:.0f} s"
-    stream = result.push_stream_seconds
+    cell = f"{size_text(sent)} in {data['push_seconds']:.0f} s"
+    stream = data["push_stream_seconds"]
     rate = sent / stream / 1e6 if stream else 0.0
     if rate >= 1:
         # The transfer and the host's docker load, which registers the layers after it.
-        cell += f": sent at {rate:.0f} MB/s, loaded in {result.push_seconds - stream:.0f} s"
-    skipped = getattr(result, "skipped_bytes", 0)
+        cell += f": sent at {rate:.0f} MB/s, loaded in {data['push_seconds'] - stream:.0f} s"
+    skipped = data["skipped_bytes"]
     if skipped:
         cell += f" ({skipped / 1e6:.0f} MB already on the host)"
     return cell
+
+
+COLUMNS: list[render.Field] = [
+    ("host", render.host),
+    ("status", render.state),
+    ("container", lambda o: (o.data["container_id"] or "")[:12]),
+    ("ssh", lambda o: o.data["ssh"] or ""),
+    ("jupyter", lambda o: o.data["jupyter"] or ""),
+    ("push", push_cell),
+    ("message", render.detail),
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from umprov.cli._common import emit_json, inventory_argument, json_option, print_table
+from umprov.errors import ExitCode
 
 
 @click.group()
@@ -41,4 +42,4 @@ def check(inventory: str | None, as_json: bool) -> int:
             ["host", "address", "port", "user", "groups", "umprov vars"],
             rows,
         )
-    return 0
+    return ExitCode.OK

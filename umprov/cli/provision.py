@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import click
 
-from umprov.cli._common import emit_json, inventory_argument, json_option, print_table, say
+from umprov.cli._common import emit_json, inventory_argument, json_option, print_outcomes, say
+from umprov.hosts import render
 
 ONLY = ("preflight", "driver", "docker", "toolkit")
+COLUMNS: list[render.Field] = [
+    ("host", render.host),
+    ("status", render.state),
+    *render.data_fields("ok", "changed", "failed", "unreachable"),
+    ("notes", lambda o: "; ".join(o.data["notes"]) or o.detail),
+]
 
 
 @click.command()
@@ -80,26 +87,14 @@ def provision(
         )
     if as_json:
         emit_json(result.to_dict())
-    rows = [
-        (
-            h.host,
-            h.status,
-            h.ok,
-            h.changed,
-            h.failed,
-            h.unreachable,
-            "; ".join(h.notes) or (h.failure or ""),
-        )
-        for h in result.hosts
-    ]
     mode = " (check mode)" if check else ""
-    print_table(
-        f"provision{mode}: {result.playbook} on {len(rows)} host(s) in {result.elapsed_s:.0f} s"
-        f" ({result.strategy})",
-        ["host", "status", "ok", "changed", "failed", "unreachable", "notes"],
-        rows,
+    print_outcomes(
+        f"provision{mode}: {result.playbook} on {len(result.hosts)} host(s) in "
+        f"{result.elapsed_s:.0f} s ({result.strategy})",
+        result.hosts,
+        COLUMNS,
     )
     for h in result.hosts:
-        if h.failure and h.notes:
-            say(f"{h.host}: {h.failure}")
+        if h.detail and h.data["notes"]:  # the notes took the failure's cell
+            say(f"{h.host}: {h.detail}")
     return int(result.exit_code)

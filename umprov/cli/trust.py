@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import click
 
 from umprov.cli._common import emit_json, json_option, say
+from umprov.hosts import HostLike
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,8 @@ class _Target:
     address: str
     port: int
     known_hosts: str | None = None
+    user: str | None = None  # not needed to read a key: it asks for no login
+    key_file: str | None = None
 
 
 def _parse_address(text: str) -> _Target | None:
@@ -47,26 +50,14 @@ def trust(host: str, inventory: str | None, yes: bool, as_json: bool) -> int:
     umprov trust gpu1 -i inventory/hosts.yml
     umprov trust '[10.0.0.5]:2222' --yes
     """
-    from umprov.errors import ConfigError, TrustError
-    from umprov.ssh import (
-        check_key,
-        files_holding,
-        host_pattern,
-        key_label,
-        known_hosts_files,
-        load_known_hosts,
-        record_host_key,
-        scan_host_key,
-    )
+    from umprov.errors import ConfigError, ExitCode, TrustError
+    from umprov.hosts.ssh import presented_key, record_host_key
 
-    targets: list[_Target]
+    targets: list[HostLike]
     if inventory:
         from umprov.inventory import load_inventory
 
-        targets = [
-            _Target(h.name, h.address, h.port, h.known_hosts)
-            for h in load_inventory(inventory).select(host)
-        ]
+        targets = list(load_inventory(inventory).select(host))
     else:
         parsed = _parse_address(host)
         if parsed is None:
@@ -74,36 +65,27 @@ def trust(host: str, inventory: str | None, yes: bool, as_json: bool) -> int:
         targets = [parsed]
     report = []
     for target in targets:
-        pattern = host_pattern(target.address, target.port)
-        files = known_hosts_files(target)  # type: ignore[arg-type]
-        key = scan_host_key(target.address, target.port)
-        check = check_key(load_known_hosts(files), pattern, key)
-        entry = {"host": target.name, "endpoint": pattern, "key": key_label(key)}
-        if check.state == "changed":
-            where = ", ".join(str(p) for p in files_holding(pattern, files))
-            raise TrustError(
-                f"HOST KEY CHANGED for {pattern}: it presents {key_label(key)}, {where} records "
-                f"{', '.join(key_label(k) for k in check.expected)}; refusing (remove the old "
-                "entry yourself if the host was really reinstalled)"
-            )
-        if check.state == "known":
-            say(f"{target.name} ({pattern}): already trusted, {key_label(key)}")
+        shown = presented_key(target)
+        pattern = shown.pattern
+        entry = {"host": target.name, "endpoint": pattern, "key": shown.label}
+        if shown.known:
+            say(f"{target.name} ({pattern}): already trusted, {shown.label}")
             report.append({**entry, "recorded": False, "already_known": True})
             continue
-        say(f"{target.name} ({pattern}) presents {key_label(key)}")
+        say(f"{target.name} ({pattern}) presents {shown.label}")
         if not yes and not sys.stdin.isatty():
             raise TrustError(
-                f"not recorded: {pattern} presents {key_label(key)} and there is no terminal to "
+                f"not recorded: {pattern} presents {shown.label} and there is no terminal to "
                 "confirm on; check the fingerprint, then pass --yes"
             )
         if not yes and not click.confirm("Trust this key and record it?", err=True, default=False):
             say("not recorded")
             report.append({**entry, "recorded": False, "already_known": False})
             continue
-        path = record_host_key(pattern, key)
+        path = record_host_key(pattern, shown.key)
         say(f"recorded in {path}")
         report.append({**entry, "recorded": True, "already_known": False})
     if as_json:
         emit_json({"hosts": report})
     untrusted = [r for r in report if not r["recorded"] and not r["already_known"]]
-    return 6 if untrusted else 0
+    return ExitCode.TRUST if untrusted else ExitCode.OK

@@ -24,17 +24,20 @@ torchrun's failure on it, the others by the join timeout.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import secrets
 import shlex
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from umprov.errors import ConfigError, UmprovError
+from umprov.hosts import is_loopback
+from umprov.hosts.engine import engine_error, exec_in, tar_files
+from umprov.hosts.fanout import settle
+from umprov.hosts.progress import Progress, quiet
+from umprov.inventory import flag
 from umprov.verify.agent import (
     AGENT_VERSION,
     DEFAULT_RATIOS,
@@ -47,7 +50,6 @@ from umprov.verify.agent import (
 )
 from umprov.verify.report import UNREACHABLE
 
-Progress = Callable[[str, str], None]
 LABEL = "org.umprov.multinode"
 DEFAULT_RDZV_PORT = 29400
 WORKDIR = "/tmp/umprov-mn"  # noqa: S108 (inside the throwaway container)
@@ -57,10 +59,6 @@ NCCL_VARS = {
     "umprov_nccl_ib_hca": ("NCCL_IB_HCA",),
     "umprov_nccl_debug": ("NCCL_DEBUG",),
 }
-
-
-def _quiet(_host: str, _message: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -113,15 +111,6 @@ def _port(raw: str, text: str) -> int:
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         raise ConfigError(f"rendezvous {text!r}: port must be 1-65535")
     return int(raw)
-
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def rendezvous_port(host_vars: Mapping[str, Any]) -> int:
@@ -383,34 +372,8 @@ def timings(run: HostRun) -> dict[str, float | None]:
 # Orchestration
 
 
-def _parallel(fn: Callable[[Any], Any], items: Sequence[Any], timeout: float) -> list[Any]:
-    """fn over items in daemon threads; each result, or the exception, or TimeoutError when late.
-    Daemon threads: a Ctrl-C here is not held up by a blocked docker call."""
-    results: list[Any] = [TimeoutError(f"no answer within {timeout:.0f} s")] * len(items)
-
-    def target(i: int, item: Any) -> None:
-        try:
-            results[i] = fn(item)
-        except Exception as exc:  # reported per item
-            results[i] = exc
-
-    threads = [threading.Thread(target=target, args=(i, it), daemon=True)
-               for i, it in enumerate(items)]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
-    return results
-
-
-def _docker_text(exc: BaseException) -> str:
-    text = str(getattr(exc, "explanation", "") or exc)
-    return f"{type(exc).__name__}: {' '.join(text.split())}"[:300]
-
-
 def container_kwargs(image: str, name: str, run_id: str, deployed_host_config: Mapping[str, Any],
-                     *, lab: bool) -> dict[str, Any]:
+                     *, raise_limits: bool) -> dict[str, Any]:
     """A throwaway container of the deployed image on the host's network, with its GPUs."""
     from docker.types import DeviceRequest, Ulimit
 
@@ -419,7 +382,7 @@ def container_kwargs(image: str, name: str, run_id: str, deployed_host_config: M
         "detach": True, "network_mode": "host", "shm_size": "16g",
         "labels": {LABEL: run_id, "org.umprov.managed": "false"},
     }
-    if not lab:  # lab hosts lack CAP_SYS_RESOURCE: no raised limits there (see deploy.py)
+    if raise_limits:  # umprov_container_limits: needs CAP_SYS_RESOURCE (see deploy/options.py)
         kw["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1),
                          Ulimit(name="stack", soft=67108864, hard=67108864)]
     runtime = deployed_host_config.get("Runtime")
@@ -449,7 +412,7 @@ class _Host:
 
 
 def verify_multinode(hosts: Sequence[Any], opts: MultiNodeOptions, *,
-                     progress: Progress = _quiet) -> list[dict]:
+                     progress: Progress = quiet) -> list[dict]:
     """Run the job over ``hosts``; one host document each. Never leaves a container behind."""
     if opts.backend not in ("nccl", "gloo"):
         raise ConfigError(f"--backend {opts.backend!r}: nccl or gloo")
@@ -462,11 +425,11 @@ def verify_multinode(hosts: Sequence[Any], opts: MultiNodeOptions, *,
         st.run_id = run_id
     endpoint: str | None = None
     try:
-        for st, res in zip(states, _parallel(lambda s: _prepare(s, opts, run_id, progress),
-                                             states, opts.timeout + 60), strict=True):
+        for st, res in zip(states, settle(lambda s: _prepare(s, opts, run_id, progress),
+                                          states, opts.timeout + 60), strict=True):
             if isinstance(res, BaseException):
                 _failed(st, "prepare", f"not ready within {opts.timeout + 60:.0f} s"
-                        if isinstance(res, TimeoutError) else _docker_text(res))
+                        if isinstance(res, TimeoutError) else engine_error(res, named=True))
         ready = [s for s in states if not s.run.error]
         if len(ready) == len(states):
             endpoint = _rendezvous(states, opts)
@@ -486,8 +449,8 @@ def _failed(st: _Host, stage: str, why: str, hint: str = "investigate") -> None:
 
 
 def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
-    from umprov.ssh import docker_client
-    from umprov.verify.remote import AGENT_PATH, _exec, _tar
+    from umprov.hosts.engine import docker_client
+    from umprov.verify.remote import AGENT_PATH
 
     t0 = time.monotonic()
     name = st.run.name
@@ -498,7 +461,8 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     except UmprovError as exc:
         return _failed(st, "connect", f"{UNREACHABLE}{exc}", "config")
     except Exception as exc:  # the engine is down or refuses: the host cannot join
-        return _failed(st, "connect", f"Docker unreachable: {_docker_text(exc)}", "config")
+        return _failed(st, "connect", "Docker unreachable: "
+                       f"{engine_error(exc, named=True)}", "config")
     deployed_name = str(st.run.vars.get("umprov_container_name") or "umprov")
     try:
         deployed = st.client.containers.get(deployed_name)
@@ -509,23 +473,25 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     progress(name, "starting a host-network container")
     kwargs = container_kwargs(deployed.image.id, f"umprov-mn-{run_id[7:]}", run_id,
                               deployed.attrs.get("HostConfig") or {},
-                              lab=bool(st.run.vars.get("umprov_lab")))
+                              raise_limits=flag(st.run.vars.get("umprov_container_limits"),
+                                                default=True))
     try:
         st.container = st.client.containers.run(**kwargs)
     except Exception as exc:
         with contextlib.suppress(Exception):  # created but not started: do not leave it
             st.client.containers.get(kwargs["name"]).remove(force=True)
-        return _failed(st, "container", f"cannot start a container: {_docker_text(exc)}")
+        return _failed(st, "container",
+                       f"cannot start a container: {engine_error(exc, named=True)}")
     st.run.container = st.container.name
-    rc, out = _exec(st.container, ["mkdir", "-p", WORKDIR], 60)
+    rc, out = exec_in(st.container, ["mkdir", "-p", WORKDIR], 60)
     worker = json.dumps(opts.worker_opts()).encode()
     if rc != 0 or not st.container.put_archive(
-            WORKDIR, _tar({"agent.py": AGENT_PATH.read_bytes(), "opts.json": worker})):
+            WORKDIR, tar_files({"agent.py": AGENT_PATH.read_bytes(), "opts.json": worker})):
         return _failed(st, "container", f"cannot copy the agent: {out.strip()[:200]}")
     probe = ("PY=$(command -v python3 || command -v python) || exit 98; echo \"PY=$PY\"; "
              "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | grep -c '^GPU ' || "
              "echo 0; \"$PY\" " + WORKDIR + "/agent.py --net-info")
-    rc, out = _exec(st.container, ["sh", "-c", probe], 60)
+    rc, out = exec_in(st.container, ["sh", "-c", probe], 60)
     if rc is None or rc == 98 or not out.strip():
         return _failed(st, "container", "no python in the image" if rc == 98 else
                        f"the probe did not answer (code {rc})", "config")
@@ -558,14 +524,12 @@ def _rendezvous(states: list[_Host], opts: MultiNodeOptions) -> str:
 
 def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_id: str,
                 progress: Progress) -> None:
-    from umprov.verify.remote import _exec
-
     rdzv_host, _port_no = parse_endpoint(endpoint)
     deadline = opts.run_deadline()
 
     def launch(st: _Host) -> None:
         run = st.run
-        rc, out = _exec(st.container, [st.python, f"{WORKDIR}/agent.py", "--net-info",
+        rc, out = exec_in(st.container, [st.python, f"{WORKDIR}/agent.py", "--net-info",
                                        rdzv_host], 60)
         with contextlib.suppress(ValueError):
             st.net = json.loads(out.strip().splitlines()[-1]) if rc == 0 else st.net
@@ -580,7 +544,7 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
             opts_path=f"{WORKDIR}/opts.json", out_prefix=f"{WORKDIR}/rank")
         run.stage, run.launched_at = "launched", time.time()
         progress(run.name, "torchrun started")
-        rc, out = _exec(st.container, ["sh", "-c", shell_script(cmd, run.env, workdir=WORKDIR,
+        rc, out = exec_in(st.container, ["sh", "-c", shell_script(cmd, run.env, workdir=WORKDIR,
                                                                 deadline=deadline)],
                         deadline + 30)
         run.finished_at = time.time()
@@ -589,15 +553,13 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
         run.ranks = _read_ranks(st)
         progress(run.name, f"torchrun ended ({'deadline' if run.rc is None else run.rc})")
 
-    for st, res in zip(states, _parallel(launch, states, deadline + 120), strict=True):
+    for st, res in zip(states, settle(launch, states, deadline + 120), strict=True):
         if isinstance(res, BaseException) and not st.run.ranks:
-            st.run.output = st.run.output or _docker_text(res)
+            st.run.output = st.run.output or engine_error(res, named=True)
 
 
 def _read_ranks(st: _Host) -> dict[int, list[dict]]:
-    from umprov.verify.remote import _exec
-
-    rc, out = _exec(st.container, ["sh", "-c", f"cd {WORKDIR} && for f in rank.*; do "
+    rc, out = exec_in(st.container, ["sh", "-c", f"cd {WORKDIR} && for f in rank.*; do "
                                    "[ -f \"$f\" ] && echo \"### $f\" && cat \"$f\"; done"], 60)
     ranks: dict[int, list[dict]] = {}
     current: int | None = None
@@ -628,9 +590,9 @@ def _cleanup(states: list[_Host], progress: Progress) -> None:
             except Exception as exc:
                 if "No such container" not in str(exc) and "404" not in str(exc):
                     progress(st.run.name, f"could not remove {st.run.container}: "
-                             f"{_docker_text(exc)}")
+                             f"{engine_error(exc, named=True)}")
         if st.client is not None:
             with contextlib.suppress(Exception):
                 st.client.close()
 
-    _parallel(remove, states, 90)
+    settle(remove, states, 90)

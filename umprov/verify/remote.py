@@ -3,7 +3,7 @@
 ``run_agent_in_container`` is the unit: copy agent.py (and the profile JSON) in with
 put_archive, run it with exec_run under a deadline, read its JSON report back with
 get_archive. ``verify_hosts`` does that on every inventory host in parallel, each over
-``umprov.ssh.docker_client`` (verified host keys), in the deployed container or in a
+``umprov.hosts.engine.docker_client`` (verified host keys), in the deployed container or in a
 container of ``--image`` started for the purpose. Nothing here raises for one host's trouble:
 each host ends with a report document, failing ones saying why.
 """
@@ -11,79 +11,21 @@ each host ends with a report document, failing ones saying why.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import secrets
-import tarfile
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from umprov.errors import UmprovError
-from umprov.parallel import Cancelled, Parallel
+from umprov.errors import Cancelled, UmprovError, Unreachable
+from umprov.hosts.engine import exec_in, tar_files, untar_one
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import Progress, quiet
 from umprov.verify.report import UNREACHABLE, checked, failed_host_report
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
-Progress = Callable[[str, str], None]
-
-
-def _quiet(_host: str, _message: str) -> None:
-    pass
-
-
-def _tar(files: Mapping[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _untar_one(chunks: Any) -> bytes:
-    data = b"".join(chunks)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for member in tar.getmembers():
-            if member.isfile():
-                fh = tar.extractfile(member)
-                if fh is not None:
-                    return fh.read()
-    raise UmprovError("the report archive from the container holds no file")
-
-
-def _exec(container: Any, cmd: list[str], timeout: float,
-          cancel: threading.Event | None = None) -> tuple[int | None, str]:
-    """exec_run with a deadline (the SDK has none): (exit code or None when late, output).
-
-    With ``cancel``: raises Cancelled as soon as it is set (the run was interrupted); the
-    command goes on in the container, so the caller ends it (see run_agent_in_container)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            res = container.exec_run(cmd, demux=False)
-            box["rc"], box["out"] = res.exit_code, (res.output or b"").decode(errors="replace")
-        except Exception as exc:  # the SDK's errors are reported, not raised through the thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    deadline = time.monotonic() + timeout
-    while worker.is_alive() and time.monotonic() < deadline:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled
-        worker.join(min(0.2, max(0.0, deadline - time.monotonic())))
-    if worker.is_alive():
-        return None, ""
-    if "error" in box:
-        raise box["error"]
-    return box["rc"], box["out"]
 
 
 def run_agent_in_container(
@@ -115,10 +57,10 @@ def run_agent_in_container(
     if profile is not None:
         files["profile.json"] = json.dumps(profile).encode()
         agent_args += ["--profile-file", f"{workdir}/profile.json"]
-    rc, out = _exec(container, ["mkdir", "-p", workdir], 60)
+    rc, out = exec_in(container, ["mkdir", "-p", workdir], 60)
     if rc != 0:
         return failed_host_report(name, "agent.copy", f"cannot create {workdir}: {out.strip()}")
-    if not container.put_archive(workdir, _tar(files)):
+    if not container.put_archive(workdir, tar_files(files)):
         return failed_host_report(name, "agent.copy", "put_archive refused the agent")
     report = f"{workdir}/report.json"
     quoted = " ".join(_sh_quote(a) for a in agent_args)
@@ -133,7 +75,7 @@ def run_agent_in_container(
         f'$T "$PY" agent.py --quiet --json {report} {quoted}'
     )
     try:
-        rc, out = _exec(container, ["sh", "-c", script], timeout + 30, cancel)
+        rc, out = exec_in(container, ["sh", "-c", script], timeout + 30, cancel=cancel)
         if rc is None:
             return failed_host_report(name, "agent.run", f"the agent did not finish within "
                                       f"{timeout:.0f} s", hint="reset", reason="timeout")
@@ -142,7 +84,7 @@ def run_agent_in_container(
                                       hint="config")
         try:
             stream, _stat = container.get_archive(report)
-            doc = json.loads(_untar_one(stream))
+            doc = json.loads(untar_one(stream))
         except Exception as exc:  # no report: say what the agent printed
             tail = " | ".join(ln for ln in out.strip().splitlines()[-3:])
             return failed_host_report(
@@ -154,7 +96,7 @@ def run_agent_in_container(
         return checked(doc, name)
     finally:
         with contextlib.suppress(Exception):
-            _exec(container, ["sh", "-c", _end_run_script(run_id, workdir)], 20)
+            exec_in(container, ["sh", "-c", _end_run_script(run_id, workdir)], 20)
 
 
 RUN_MARK = "UMPROV_VERIFY_RUN"
@@ -211,11 +153,11 @@ class VerifyOptions:
 
 
 def verify_hosts(hosts: Sequence[Any], opts: VerifyOptions, *,
-                 progress: Progress = _quiet, max_workers: int = 32) -> list[dict]:
+                 progress: Progress = quiet, max_workers: int = 32) -> list[dict]:
     """One report document per host, gathered in parallel."""
     if not hosts:
         return []
-    # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.parallel); each host's
+    # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.hosts.fanout); each host's
     # agent is ended in its container on the way out.
     pool = Parallel(max(1, min(max_workers, len(hosts))))
     clients: list[Any] = []
@@ -239,7 +181,7 @@ def verify_hosts(hosts: Sequence[Any], opts: VerifyOptions, *,
 
 def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
                 cancel: threading.Event | None = None, clients: list[Any] | None = None) -> dict:
-    from umprov.ssh import Unreachable, connection_lost, docker_client
+    from umprov.hosts.engine import connection_lost, docker_client
 
     mode = "quick" if opts.quick else "full"
     client = None

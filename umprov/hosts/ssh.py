@@ -12,8 +12,8 @@ Rules this module keeps for every SSH connection umprov makes:
   recorded host key on its own, except pinning a container's key that was read through an
   already verified connection (``pin_host_key``).
 
-``docker_client`` gives a docker SDK client whose ssh:// transport runs over one of these
-verified paramiko connections (the SDK's own transport would read only ~/.ssh/known_hosts).
+``umprov.hosts.engine.docker_client`` runs the docker SDK over one of these verified
+connections.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from umprov.errors import ExitCode, TrustError, UmprovError
+from umprov.errors import AuthFailed, TrustError, UmprovError, Unreachable
+from umprov.hosts import HostLike
 from umprov.paths import state_dir, write_private
 
 if TYPE_CHECKING:
@@ -39,29 +40,6 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT = 15.0
 _file_lock = threading.Lock()
-
-
-class HostLike(Protocol):
-    """What this module needs of umprov.inventory.Host."""
-
-    name: str
-    address: str
-    port: int
-    user: str | None
-    key_file: str | None
-    known_hosts: str | None
-
-
-class Unreachable(UmprovError):
-    """The host did not answer on its SSH port (or the name does not resolve)."""
-
-    exit_code = ExitCode.HOSTS_UNREACHABLE
-
-
-class AuthFailed(UmprovError):
-    """SSH answered, but refused our key."""
-
-    exit_code = ExitCode.HOSTS_FAILED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,113 +321,43 @@ def scan_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) -> 
         transport.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# The docker SDK over a verified connection
-
-
-def _ssh_adapter_class() -> type:
-    """A docker SSHHTTPAdapter that uses an SSHClient we connected (and verified) ourselves."""
-    from docker.transport import sshconn
-    from docker.transport.basehttpadapter import BaseHTTPAdapter
-
-    constants = sshconn.constants
-    SSHHTTPAdapter = sshconn.SSHHTTPAdapter
-    RecentlyUsedContainer = sshconn.RecentlyUsedContainer
-
-    class VerifiedSSHAdapter(SSHHTTPAdapter):
-        def __init__(self, host: HostLike, trust_new: bool, timeout: float) -> None:
-            # Not SSHHTTPAdapter.__init__: it builds its own paramiko client from
-            # ~/.ssh/config and ~/.ssh/known_hosts only.
-            self._umprov_host = host
-            self._umprov_trust_new = trust_new
-            self.ssh_params = {}
-            self.ssh_host = host_pattern(host.address, host.port)
-            self.timeout = timeout
-            self.max_pool_size = constants.DEFAULT_MAX_POOL_SIZE
-            self.pools = RecentlyUsedContainer(
-                constants.DEFAULT_NUM_POOLS_SSH, dispose_func=lambda p: p.close()
-            )
-            BaseHTTPAdapter.__init__(self)
-            self.ssh_client = connect(host, trust_new=trust_new)
-
-        def _connect(self) -> None:
-            # Called by get_connection when the transport is gone: reconnect, verified again.
-            with contextlib.suppress(Exception):
-                self.ssh_client.close()
-            self.ssh_client = connect(self._umprov_host, trust_new=False)
-
-        def get_connection(self, url: Any, proxies: Any = None) -> Any:
-            transport = self.ssh_client.get_transport()
-            if transport is None or not transport.is_active():
-                with self.pools.lock:
-                    self.pools.clear()
-                self._connect()
-            return super().get_connection(url, proxies)
-
-    return VerifiedSSHAdapter
-
-
-def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 300.0) -> Any:
-    """A docker SDK client for the engine on ``host``, over SSH with a verified host key.
-
-    How: the SDK builds its ssh:// transport (SSHHTTPAdapter) from ~/.ssh/config and the user's
-    known_hosts only. We create the client in shell-out mode with a pinned API version, which
-    makes no connection at all, then mount our adapter, whose paramiko client was connected by
-    ``connect`` (RejectPolicy semantics, umprov's known_hosts files). Returns a
-    docker.DockerClient. Requests then run as the SDK
-    expects: each HTTP connection is an exec channel running ``docker system dial-stdio``.
-    """
-    import docker
-
-    client = docker.DockerClient(
-        base_url=f"ssh://{host.user or getpass.getuser()}@{host.address}:{host.port}",
-        use_ssh_client=True,  # no connection here; replaced below
-        version="1.41",
-        timeout=int(timeout),
-    )
-    adapter = _ssh_adapter_class()(host, trust_new, timeout)
-    api = client.api
-    api._custom_adapter = adapter
-    api.mount("http+docker://ssh", adapter)
-    try:
-        api._version = api._retrieve_server_version()
-    except docker.errors.DockerException as exc:
-        adapter.close()
-        raise EngineDown(f"{host.name}: Docker engine not answering ({_short(exc)})") from None
-    return client
-
-
-def connection_lost(client: Any, exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a docker client of ``docker_client``, means its SSH
-    connection is gone (the host went away mid-run) rather than an error from the engine."""
-    import requests
-
-    if isinstance(exc, requests.exceptions.ConnectionError | EOFError | ConnectionError):
-        return True
-    try:
-        transport = client.api._custom_adapter.ssh_client.get_transport()
-    except AttributeError:
-        return False
-    return transport is None or not transport.is_active()
-
-
-class EngineDown(UmprovError):
-    """SSH works, the Docker engine on the host does not answer."""
-
-    exit_code = ExitCode.HOSTS_FAILED
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:200] + ("..." if len(text) > 200 else "")
-
-
 def run_command(client: Any, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
     """Run a command on an SSH connection; (exit status, stdout, stderr)."""
     _stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
     out = stdout.read().decode(errors="replace")
     err = stderr.read().decode(errors="replace")
     return stdout.channel.recv_exit_status(), out, err
+
+
+@dataclass(frozen=True)
+class Presented:
+    """A host's key as its server presents it (for `umprov trust` to show), against what
+    the known_hosts files record."""
+
+    pattern: str
+    key: paramiko.PKey
+    known: bool  # recorded already; otherwise unknown (a changed key raises)
+
+    @property
+    def label(self) -> str:
+        return key_label(self.key)
+
+
+def presented_key(host: HostLike) -> Presented:
+    """The key ``host``'s server presents, checked against its known_hosts files; a key that
+    differs from the recorded one is refused (TrustError), never offered for recording."""
+    pattern = host_pattern(host.address, host.port)
+    files = known_hosts_files(host)
+    key = scan_host_key(host.address, host.port)
+    check = check_key(load_known_hosts(files), pattern, key)
+    if check.state == "changed":
+        where = ", ".join(str(p) for p in files_holding(pattern, files))
+        raise TrustError(
+            f"HOST KEY CHANGED for {pattern}: it presents {key_label(key)}, {where} records "
+            f"{', '.join(key_label(k) for k in check.expected)}; refusing (remove the old "
+            "entry yourself if the host was really reinstalled)"
+        )
+    return Presented(pattern, key, check.state == "known")
 
 
 # ---------------------------------------------------------------------------------------------

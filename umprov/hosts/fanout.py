@@ -1,4 +1,5 @@
-"""Per-host work in parallel threads that an interrupt stops within seconds.
+"""Per-host work in parallel threads that an interrupt stops within seconds: the one way
+umprov fans out over hosts (deploy, verify, status).
 
 ``concurrent.futures.ThreadPoolExecutor`` does not fit a command that Ctrl-C or SIGTERM must
 end quickly: leaving its ``with`` block waits for every running task, and the interpreter
@@ -21,17 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from umprov.errors import Cancelled
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 # How long tasks get to stop at a step boundary, then again after their connections closed.
 STOP_GRACE_S = 4.0
 CLOSE_GRACE_S = 2.0
-
-
-class Cancelled(BaseException):  # noqa: N818 - not an error: the run was interrupted
-    """Raised in a task when the run was interrupted; BaseException so that the per-host
-    ``except Exception`` handlers let it through."""
 
 
 class Parallel:
@@ -45,23 +43,14 @@ class Parallel:
 
     def check(self) -> None:
         """Raise Cancelled in a task once the run was interrupted."""
-        if self.cancel.is_set():
-            raise Cancelled
+        checkpoint(self.cancel)
 
     def start(self, fn: Callable[..., Any], *args: Any, name: str = "task") -> threading.Event:
         """Run ``fn(*args)`` in a daemon thread now (not counted against ``workers``); the
         Event returned is set when it has ended."""
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                fn(*args)
-            finally:
-                done.set()
-
+        done = _spawn(fn, *args, name=name)
         with self._lock:
             self._done.append(done)
-        threading.Thread(target=run, name=name, daemon=True).start()
         return done
 
     def map(self, fn: Callable[[T], R], items: Sequence[T], name: str = "task") -> list[R]:
@@ -108,3 +97,48 @@ class Parallel:
             if left <= 0:
                 return
             done.wait(left)
+
+
+def checkpoint(cancel: threading.Event | None) -> None:
+    """Between two steps of a task: stop here (raise Cancelled) when the run was interrupted."""
+    if cancel is not None and cancel.is_set():
+        raise Cancelled
+
+
+def settle(
+    fn: Callable[[T], R], items: Sequence[T], timeout: float, name: str = "task"
+) -> list[R | BaseException]:
+    """Each item's ``fn(item)``, or the exception it raised, or a TimeoutError for an item not
+    done within ``timeout`` seconds; never raises for a task. Every item starts at once, each
+    in a daemon thread, and one still running at the deadline is left to end on its own."""
+    late = TimeoutError(f"no answer within {timeout:.0f} s")
+    results: list[Any] = [late] * len(items)
+
+    def run(index: int, item: T) -> None:
+        try:
+            results[index] = fn(item)
+        except BaseException as exc:  # noqa: BLE001 - this item's result
+            results[index] = exc
+
+    pending = [_spawn(run, i, item, name=f"{name}-{i}") for i, item in enumerate(items)]
+    deadline = time.monotonic() + timeout
+    for done in pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        done.wait(left)
+    return list(results)
+
+
+def _spawn(fn: Callable[..., Any], *args: Any, name: str) -> threading.Event:
+    """``fn(*args)`` in a daemon thread; the Event is set when it has ended."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            fn(*args)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done

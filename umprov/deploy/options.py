@@ -1,0 +1,197 @@
+"""What `umprov deploy` is asked to do: the options checked, and settled for each host.
+
+Everything here is checked before any host is touched; a bad value is a ConfigError (exit 4)
+naming the option or the host variable. Per host the command line wins over the host's
+variables, which win over the defaults (``settings_for``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import ConfigError
+from umprov.hosts import HostLike
+from umprov.inventory import flag
+
+DEFAULT_NAME = "umprov"
+DEFAULT_SSH_PORT = 2222
+DEFAULT_JUPYTER_PORT = 8888
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_SHM = "16g"
+
+
+def parse_gpus(value: str) -> str | list[str]:
+    """'all', 'none', or a list of GPU indexes / UUIDs ('0,1', 'GPU-3f2a...')."""
+    text = str(value).strip().lower()
+    if text in ("all", "none"):
+        return text
+    items = [i.strip() for i in str(value).split(",") if i.strip()]
+    if not items:
+        raise ConfigError("--gpus is empty: use all, none, or a list such as 0,1")
+    for item in items:
+        if not (
+            (item.isascii() and item.isdigit() and len(item) <= 4)
+            or re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z-]+", item, re.ASCII)
+        ):
+            raise ConfigError(
+                f"--gpus: '{item}' is not a GPU index or UUID (use all, none, or e.g. 0,1)"
+            )
+    if len(set(items)) != len(items):
+        raise ConfigError(f"--gpus lists a GPU twice: {value}")
+    return items
+
+
+def check_port(value: Any, what: str) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{what} must be a port number, not {value!r}")
+    try:
+        port = int(value.strip() if isinstance(value, str) else value)
+        if isinstance(value, str) and not (value.strip().isascii() and len(value) < 20):
+            raise ValueError(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{what} must be a port number, not {value!r:.40}") from None
+    if not 1 <= port <= 65535:
+        shown = port if abs(port) < 10**20 else "a larger number"
+        raise ConfigError(f"{what} must be from 1 to 65535, not {shown}")
+    return port
+
+
+# Docker's image reference grammar (distribution/reference): [domain[:port]/]path[:tag][@digest].
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"(?::[0-9]+)?"
+)
+_IMAGE_REF = re.compile(
+    rf"(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
+    re.ASCII,
+)
+
+
+def check_image(value: str, what: str = "--image") -> str:
+    """An image reference Docker accepts (name[:tag][@digest]) or an image ID (sha256:...)."""
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(f"{what} is empty: give an image such as umprov/pytorch-cuda:0.1.0")
+    if len(text) > 512 or not (
+        _IMAGE_REF.fullmatch(text) or re.fullmatch(r"sha256:[0-9a-f]{64}", text)
+    ):
+        raise ConfigError(
+            f"{what}: {text[:80]!r} is not an image reference (e.g. umprov/pytorch-cuda:0.1.0)"
+        )
+    return text
+
+
+def check_bind(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise ConfigError(f"--bind must be an IP address (e.g. 127.0.0.1), not {value!r}") from None
+
+
+def check_public_key(text: str, source: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    if not lines:
+        raise ConfigError(f"{source} holds no public key")
+    for line in lines:
+        if not re.match(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-\S+) [A-Za-z0-9+/=]+", line):
+            if "PRIVATE KEY" in text:
+                raise ConfigError(f"{source} is a private key: pass the .pub file")
+            raise ConfigError(f"{source} is not an SSH public key")
+    return "\n".join(lines)
+
+
+def default_public_key() -> Path:
+    for name in ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub"):
+        path = Path.home() / ".ssh" / name
+        if path.is_file():
+            return path
+    raise ConfigError(
+        "no public key found in ~/.ssh (id_ed25519.pub, id_ecdsa.pub, id_rsa.pub): "
+        "pass --authorized-key FILE"
+    )
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """What the command line said; None means: the host's variable, else the default."""
+
+    image: str | None = None
+    delivery: str = "none"  # none | pull | push
+    gpus: str | None = None
+    ssh_port: int | None = None
+    jupyter_port: int | None = None
+    bind: str | None = None
+    name: str | None = None
+    authorized_keys: str = ""
+    identity_file: str | None = None  # the private half, for the ssh config we write
+    shm_size: str = DEFAULT_SHM
+    force: bool = False
+    trust_new: bool = False
+
+
+def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
+    """The command line's options, checked before any host is touched, with the public key
+    read from ``authorized_key`` (default: the user's own) and, when it lies beside it, its
+    private half for the ssh config deploy writes."""
+    if opts.image is not None:
+        check_image(opts.image)
+    if opts.gpus is not None:
+        parse_gpus(opts.gpus)
+    if opts.ssh_port is not None:
+        check_port(opts.ssh_port, "--ssh-port")
+    if opts.jupyter_port is not None:
+        check_port(opts.jupyter_port, "--jupyter-port")
+    if opts.bind is not None:
+        check_bind(opts.bind)
+    key_path = authorized_key or default_public_key()
+    keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
+    private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
+    identity = str(private) if private and private.is_file() else None
+    return replace(opts, authorized_keys=keys, identity_file=identity)
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """The options as they apply to one host (command line > host variables > defaults)."""
+
+    image: str
+    gpus: str | list[str]
+    ssh_port: int
+    jupyter_port: int
+    bind: str
+    name: str
+    # umprov_container_limits: raise memlock and stack for NCCL, which needs CAP_SYS_RESOURCE
+    # (the lab's hosts lack it); false leaves the engine's defaults.
+    raise_limits: bool = True
+
+
+def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
+    hv: Mapping[str, Any] = getattr(host, "vars", {}) or {}
+    image = opts.image or hv.get("umprov_image")
+    if not image:
+        raise ConfigError(f"{host.name}: no image: pass --image or set umprov_image")
+    if not (isinstance(image, str) and "{{" in image):
+        check_image(image, "--image" if opts.image else f"{host.name}: umprov_image")
+    ssh_port = check_port(
+        opts.ssh_port or hv.get("umprov_ssh_port") or DEFAULT_SSH_PORT, "--ssh-port"
+    )
+    jupyter_port = check_port(
+        opts.jupyter_port or hv.get("umprov_jupyter_port") or DEFAULT_JUPYTER_PORT, "--jupyter-port"
+    )
+    if ssh_port == jupyter_port:
+        raise ConfigError(f"{host.name}: --ssh-port and --jupyter-port are both {ssh_port}")
+    bind = check_bind(opts.bind or str(hv.get("umprov_bind") or DEFAULT_BIND))
+    gpus = parse_gpus(opts.gpus or str(hv.get("umprov_gpus") or "all"))
+    name = opts.name or str(hv.get("umprov_container_name") or DEFAULT_NAME)
+    if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name):
+        raise ConfigError(f"{host.name}: container name {name!r} is not valid")
+    raise_limits = flag(hv.get("umprov_container_limits"), default=True)
+    return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits)

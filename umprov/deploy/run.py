@@ -1,0 +1,159 @@
+"""The whole deploy, in three phases so one host's trouble never stops the others:
+
+1. connect (in parallel): a docker client per host over verified SSH, and whether the host
+   already has the image (by image ID); ``--pull``: the host's engine pulls it (pull.py);
+2. ``--push``: one local ``docker save`` streamed to every host that lacks it (push.py);
+3. roll out (in parallel): keep or replace the container (rollout.py).
+
+Ctrl-C or SIGTERM stops every host at its next step (umprov.hosts.fanout); what was cut
+short is taken up by the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from umprov.deploy.options import DeployOptions, settings_for
+from umprov.deploy.outcome import HostState, new_outcome
+from umprov.deploy.pull import pull_image
+from umprov.deploy.push import push_image
+from umprov.deploy.rollout import rollout
+from umprov.errors import ConfigError, DeployFailed, EngineDown, UmprovError
+from umprov.hosts import HostLike
+from umprov.hosts.engine import engine_error
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.progress import Progress, quiet, until_cancelled
+from umprov.hosts.results import HostOutcome
+
+
+def deploy(
+    hosts: list[HostLike],
+    opts: DeployOptions,
+    *,
+    progress: Progress = quiet,
+    local_client: Any = None,
+    max_workers: int = 32,
+) -> list[HostOutcome]:
+    """Deploy to every host; failures are recorded per host, never raised."""
+    states = [HostState(h, new_outcome(h.name)) for h in hosts]
+    for st in states:
+        try:
+            st.settings = settings_for(st.host, opts)
+        except UmprovError as exc:
+            st.fail(exc)
+    local_image_id: str | None = None
+    if opts.delivery == "push":
+        local_image_id = _local_image_id(local_client, states)
+    pool = Parallel(max(1, min(max_workers, len(states))))
+    say = until_cancelled(progress, pool.cancel)
+    try:
+        pool.map(lambda st: _connect(st, opts, local_image_id, say), states, "connect")
+        if opts.delivery == "push":
+            push_image(states, local_client, pool, say)
+        pool.map(lambda st: _roll_out(st, opts, say, pool.cancel), states, "rollout")
+    except BaseException:
+        pool.stop(close=lambda: _close_clients(states))
+        raise
+    finally:
+        _close_clients(states)
+    for st in states:
+        st.outcome.data["seconds"] = time.monotonic() - st.started
+    return [st.outcome for st in states]
+
+
+def _close_clients(states: list[HostState]) -> None:
+    for st in states:
+        if st.client is not None:
+            with contextlib.suppress(Exception):
+                st.client.close()
+
+
+def _local_image_id(local_client: Any, states: list[HostState]) -> str | None:
+    """The ID of the image to push, on this machine's engine; None (every host failed) when
+    the hosts want different images or this engine lacks it."""
+    from docker.errors import ImageNotFound
+
+    refs = {st.settings.image for st in states if st.settings is not None}
+    if len(refs) > 1:
+        for st in states:
+            if st.live:
+                st.fail(ConfigError("--push needs one image for all hosts (use --image)"))
+        return None
+    if not refs:
+        return None
+    ref = refs.pop()
+    try:
+        return str(local_client.images.get(ref).id)
+    except ImageNotFound:
+        err = ConfigError(f"image {ref} is not on this machine's engine, so it cannot be pushed")
+        for st in states:
+            if st.live:
+                st.fail(err)
+        return None
+
+
+def _connect(
+    st: HostState, opts: DeployOptions, local_image_id: str | None, progress: Progress
+) -> None:
+    if not st.live or st.settings is None:
+        return
+    from docker.errors import DockerException
+
+    from umprov.hosts.engine import docker_client
+
+    try:
+        progress(st.name, "connecting")
+        st.client = docker_client(st.host, trust_new=opts.trust_new)
+        st.image_id = _image_on_host(st, st.settings.image, opts, local_image_id, progress)
+    except UmprovError as exc:
+        st.fail(exc)
+    except DockerException as exc:
+        st.fail(EngineDown(f"Docker engine error: {engine_error(exc)}"))
+    except Exception as exc:  # noqa: BLE001 - e.g. the connection lost: this host's outcome
+        st.fail(st.error(exc))
+
+
+def _image_on_host(
+    st: HostState, image: str, opts: DeployOptions, local_image_id: str | None,
+    progress: Progress,
+) -> str | None:
+    """The ID of the image on the host: already there, or pulled now; None: to be pushed."""
+    from docker.errors import APIError, DockerException, ImageNotFound
+
+    if opts.delivery == "push":
+        try:
+            st.client.images.get(local_image_id)
+        except ImageNotFound:
+            return None
+        progress(st.name, "image already present (same ID): no push")
+        return local_image_id
+    if opts.delivery == "pull":
+        progress(st.name, f"pulling {image}")
+        try:
+            return pull_image(st.client, image, lambda msg: progress(st.name, msg))
+        except (APIError, DockerException) as exc:
+            raise DeployFailed(f"pulling {image} failed: {engine_error(exc)}") from None
+    try:
+        return str(st.client.images.get(image).id)
+    except ImageNotFound:
+        raise DeployFailed(
+            f"image {image} is not on the host (deliver it with --push or --pull)"
+        ) from None
+
+
+def _roll_out(
+    st: HostState, opts: DeployOptions, progress: Progress, cancel: threading.Event | None = None
+) -> None:
+    if not st.live or st.settings is None or st.image_id is None:
+        if st.live:
+            st.fail(DeployFailed("no image on the host"))
+        return
+    try:
+        rollout(st.client, st.host, st.settings, opts, st.image_id, st.outcome, progress,
+                cancel=cancel)
+        progress(st.name, st.outcome.state)
+    except Exception as exc:  # noqa: BLE001 - one host's trouble is its outcome
+        st.fail(st.error(exc))

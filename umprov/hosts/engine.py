@@ -1,0 +1,211 @@
+"""The docker SDK, on a host's engine over verified SSH or on this machine's engine.
+
+``docker_client`` gives a docker SDK client whose ssh:// transport runs over a paramiko
+connection made by ``umprov.hosts.ssh.connect`` (the SDK's own transport would read only
+~/.ssh/known_hosts). ``local_engine`` is this machine's engine, never started here. Beside
+them, what every caller of an engine needs: one line for an engine's error, a command in a
+container under a deadline (the SDK has none), and files in and out of a container as tar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import io
+import tarfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from umprov.errors import Cancelled, EngineDown, EnvironmentProblem, UmprovError
+from umprov.hosts import HostLike
+from umprov.hosts.ssh import connect, host_pattern
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+
+
+def _ssh_adapter_class() -> type:
+    """A docker SSHHTTPAdapter that uses an SSHClient we connected (and verified) ourselves."""
+    from docker.transport import sshconn
+    from docker.transport.basehttpadapter import BaseHTTPAdapter
+
+    constants = sshconn.constants
+    SSHHTTPAdapter = sshconn.SSHHTTPAdapter
+    RecentlyUsedContainer = sshconn.RecentlyUsedContainer
+
+    class VerifiedSSHAdapter(SSHHTTPAdapter):
+        def __init__(self, host: HostLike, trust_new: bool, timeout: float) -> None:
+            # Not SSHHTTPAdapter.__init__: it builds its own paramiko client from
+            # ~/.ssh/config and ~/.ssh/known_hosts only.
+            self._umprov_host = host
+            self._umprov_trust_new = trust_new
+            self.ssh_params = {}
+            self.ssh_host = host_pattern(host.address, host.port)
+            self.timeout = timeout
+            self.max_pool_size = constants.DEFAULT_MAX_POOL_SIZE
+            self.pools = RecentlyUsedContainer(
+                constants.DEFAULT_NUM_POOLS_SSH, dispose_func=lambda p: p.close()
+            )
+            BaseHTTPAdapter.__init__(self)
+            self.ssh_client = connect(host, trust_new=trust_new)
+
+        def _connect(self) -> None:
+            # Called by get_connection when the transport is gone: reconnect, verified again.
+            with contextlib.suppress(Exception):
+                self.ssh_client.close()
+            self.ssh_client = connect(self._umprov_host, trust_new=False)
+
+        def get_connection(self, url: Any, proxies: Any = None) -> Any:
+            transport = self.ssh_client.get_transport()
+            if transport is None or not transport.is_active():
+                with self.pools.lock:
+                    self.pools.clear()
+                self._connect()
+            return super().get_connection(url, proxies)
+
+    return VerifiedSSHAdapter
+
+
+def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 300.0) -> Any:
+    """A docker SDK client for the engine on ``host``, over SSH with a verified host key.
+
+    How: the SDK builds its ssh:// transport (SSHHTTPAdapter) from ~/.ssh/config and the user's
+    known_hosts only. We create the client in shell-out mode with a pinned API version, which
+    makes no connection at all, then mount our adapter, whose paramiko client was connected by
+    ``connect`` (RejectPolicy semantics, umprov's known_hosts files). Returns a
+    docker.DockerClient. Requests then run as the SDK
+    expects: each HTTP connection is an exec channel running ``docker system dial-stdio``.
+    """
+    import docker
+
+    client = docker.DockerClient(
+        base_url=f"ssh://{host.user or getpass.getuser()}@{host.address}:{host.port}",
+        use_ssh_client=True,  # no connection here; replaced below
+        version="1.41",
+        timeout=int(timeout),
+    )
+    adapter = _ssh_adapter_class()(host, trust_new, timeout)
+    api = client.api
+    api._custom_adapter = adapter
+    api.mount("http+docker://ssh", adapter)
+    try:
+        api._version = api._retrieve_server_version()
+    except docker.errors.DockerException as exc:
+        adapter.close()
+        raise EngineDown(
+            f"{host.name}: Docker engine not answering ({engine_error(exc, limit=200)})"
+        ) from None
+    return client
+
+
+def local_engine() -> Any:
+    """A docker SDK client for this machine's engine (``docker.from_env``); never starts one."""
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        client = docker.from_env(timeout=300)
+        client.ping()
+    except DockerException as exc:
+        raise EnvironmentProblem(f"no Docker engine answers: {engine_error(exc)}") from None
+    return client
+
+
+def connection_lost(client: Any, exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a docker client of ``docker_client``, means its SSH
+    connection is gone (the host went away mid-run) rather than an error from the engine."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.ConnectionError | EOFError | ConnectionError):
+        return True
+    try:
+        transport = client.api._custom_adapter.ssh_client.get_transport()
+    except AttributeError:
+        return False
+    return transport is None or not transport.is_active()
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, commands and files
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` folded onto one line, at most ``limit`` characters."""
+    return " ".join(str(text).split())[:limit]
+
+
+def engine_error(exc: BaseException, *, limit: int = 300, named: bool = False) -> str:
+    """One line for an error of a Docker engine or the docker SDK: the engine's own
+    explanation when it gave one; ``named``: after the exception's class name."""
+    text = " ".join(str(getattr(exc, "explanation", None) or exc).split())
+    if named:
+        text = f"{type(exc).__name__}: {text}"
+    return text[:limit] or type(exc).__name__
+
+
+def exec_in(
+    container: Any,
+    cmd: list[str],
+    timeout: float,
+    *,
+    cancel: threading.Event | None = None,
+    user: str | None = None,
+) -> tuple[int | None, str]:
+    """``docker exec`` with a deadline: (exit code, output), or (None, "") when the command had
+    not ended within ``timeout`` seconds.
+
+    With ``cancel``: raises Cancelled as soon as it is set (the run was interrupted). Either
+    way a late command goes on in the container: the caller ends it if it must."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            res = container.exec_run(cmd, demux=False, **({"user": user} if user else {}))
+            box["rc"], box["out"] = res.exit_code, (res.output or b"").decode(errors="replace")
+        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="exec", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not done.is_set():
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, ""
+        done.wait(min(0.2, left))
+    if "error" in box:
+        raise box["error"]
+    return box["rc"], box["out"]
+
+
+def tar_files(files: Mapping[str, bytes], *, mode: int = 0o644) -> bytes:
+    """An uncompressed tar of ``files`` (path in the archive -> content), owned by root, for
+    ``put_archive``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = mode
+            info.uid = info.gid = 0
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def untar_one(chunks: Iterable[bytes]) -> bytes:
+    """The first file in a tar stream (``get_archive``'s chunks)."""
+    data = b"".join(chunks)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                fh = tar.extractfile(member)
+                if fh is not None:
+                    return fh.read()
+    raise UmprovError("the archive from the container holds no file")

@@ -1,0 +1,147 @@
+"""`umprov status`: each host's driver, engine, GPUs and deployed container, probed in
+parallel; and how to reach a deployed container from here (``connect_text``).
+
+A host is "unreachable" when umprov cannot log in over SSH (refused, unknown key, bad
+credentials): that is the only state that fails the command (exit 11). Everything after the
+login (no driver, no engine, no container) is reported, not failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from umprov.deploy.options import DEFAULT_NAME
+from umprov.deploy.spec import LABEL
+from umprov.deploy.state import load_connection, token_path
+from umprov.errors import ConfigError, UmprovError
+from umprov.hosts import render
+from umprov.hosts.engine import exec_in, one_line
+from umprov.hosts.fanout import Parallel
+from umprov.hosts.results import HostOutcome
+
+# One shell line on the host; each probe prints KEY=VALUE and never fails the whole line.
+_HOST_PROBE = (
+    "printf 'driver=%s\\n' \"$( (nvidia-smi --query-gpu=driver_version --format=csv,noheader "
+    "2>/dev/null | head -n1) || true)\"; "
+    "printf 'gpus=%s\\n' \"$( (nvidia-smi -L 2>/dev/null | grep -c '^GPU') || echo 0)\""
+)
+EXEC_TIMEOUT = 60.0
+
+# A host in `umprov status --json`; the probes a host did not get to are left out.
+HOST_FIELDS: list[render.Field] = [
+    ("host", render.host),
+    ("reachable", render.ok),
+    *render.data_fields("container", "driver", "driver_error", "host_gpus", "docker",
+                        "nvidia_runtime", "state", "health", "image", "ports", "container_gpus",
+                        "jupyter"),
+    ("error", lambda o: o.detail or render.ABSENT),
+]
+
+
+def probe(
+    hosts: Sequence[Any], container_name: str | None, *, trust_new: bool = False,
+    max_workers: int = 32,
+) -> list[HostOutcome]:
+    """Every host probed, in parallel; one outcome each, in the order of ``hosts``."""
+    pool = Parallel(min(max_workers, len(hosts)))
+    return pool.map(lambda h: host_status(h, container_name, trust_new), hosts, "status")
+
+
+def host_status(host: Any, container_name: str | None, trust_new: bool) -> HostOutcome:
+    """One host: over SSH its driver and GPUs, then through its engine the container."""
+    from umprov.hosts.engine import docker_client
+    from umprov.hosts.ssh import connect
+
+    name = container_name or str((host.vars or {}).get("umprov_container_name") or DEFAULT_NAME)
+    outcome = HostOutcome(host.name, "unreachable", data={"container": name})
+    try:
+        ssh = connect(host, trust_new=trust_new)
+    except UmprovError as exc:
+        outcome.detail = str(exc)
+        return outcome
+    outcome.state = "reachable"
+    try:
+        _probe_host(ssh, outcome.data)
+    finally:
+        ssh.close()
+    try:
+        client = docker_client(host, trust_new=False)
+    except UmprovError as exc:
+        outcome.detail = str(exc)
+        return outcome
+    try:
+        outcome.detail = _probe_engine(client, name, outcome.data)
+    finally:
+        client.close()
+    return outcome
+
+
+def _probe_host(ssh: Any, data: dict[str, Any]) -> None:
+    from umprov.hosts.ssh import run_command
+
+    _rc, out, _err = run_command(ssh, _HOST_PROBE, timeout=30)
+    facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    driver = (facts.get("driver") or "").strip()
+    # nvidia-smi prints its failure ("couldn't communicate with the NVIDIA driver") on
+    # stdout: only a version number counts as a driver that answers.
+    data["driver"] = driver if re.fullmatch(r"\d+(\.\d+)+", driver) else None
+    if driver and data["driver"] is None:
+        data["driver_error"] = driver[:120]
+    data["host_gpus"] = int(facts.get("gpus") or 0)
+
+
+def _probe_engine(client: Any, name: str, data: dict[str, Any]) -> str:
+    """The engine and the container ``name``, into ``data``; the engine's error or ""."""
+    from docker.errors import DockerException, NotFound
+
+    try:
+        info = client.info()
+        data["docker"] = client.version().get("Version")
+        data["nvidia_runtime"] = "nvidia" in (info.get("Runtimes") or {})
+        try:
+            container = client.containers.get(name)
+        except NotFound:
+            data["state"] = "absent"
+            return ""
+        state = container.attrs["State"]
+        data["state"] = state.get("Status")
+        data["health"] = (state.get("Health") or {}).get("Status")
+        data["image"] = container.labels.get(f"{LABEL}.image") or container.attrs["Config"]["Image"]
+        data["ports"] = {
+            k: [f"{b['HostIp']}:{b['HostPort']}" for b in (v or [])]
+            for k, v in (container.attrs["NetworkSettings"].get("Ports") or {}).items()
+        }
+        if state.get("Running"):
+            count = ["sh", "-c", "nvidia-smi -L 2>/dev/null | grep -c '^GPU'"]
+            _rc, out = exec_in(container, count, EXEC_TIMEOUT, user="root")
+            data["container_gpus"] = int(out.strip() or 0) if out.strip().isdigit() else 0
+            rc, _ = exec_in(container, ["/usr/local/bin/umprov-healthcheck"], EXEC_TIMEOUT,
+                            user="root")
+            data["jupyter"] = rc == 0
+    except DockerException as exc:
+        return one_line(exc, 200)
+    return ""
+
+
+def connect_text(host_name: str) -> str:
+    """The ssh command and the Jupyter URL (with its token) for a deployed host."""
+    conn = load_connection(host_name)
+    if conn is None:
+        raise ConfigError(f"{host_name}: nothing deployed from this machine (run umprov deploy)")
+    path = token_path(host_name)
+    if not path.is_file():
+        raise ConfigError(f"{host_name}: no Jupyter token stored in {path}; re-run umprov deploy")
+    token = path.read_text().strip()
+    lines = [f"ssh -F {conn['ssh_config']} {conn['alias']}"]
+    if conn["via_host"]:
+        port = conn["jupyter_port"]
+        lines.append(
+            f"ssh -F {conn['ssh_config']} -N -L {port}:{conn['address']}:{port} "
+            f"{conn['jump_alias']}   # then open:"
+        )
+        lines.append(f"http://127.0.0.1:{port}/lab?token={token}")
+    else:
+        lines.append(f"http://{conn['address']}:{conn['jupyter_port']}/lab?token={token}")
+    return "\n".join(lines)
