@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from umprov.errors import ConfigError
 from umprov.verify import report
+from umprov.verify.bundle import agent_zipapp
 from umprov.verify.multinode import (
     DEFAULT_RDZV_PORT,
     HostRun,
@@ -33,8 +34,6 @@ from umprov.verify.multinode import (
     timings,
     torchrun_command,
 )
-
-AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
 
 
 def test_parse_endpoint() -> None:
@@ -65,7 +64,7 @@ def test_node_env_from_inventory_vars() -> None:
 
 
 def test_torchrun_command() -> None:
-    cmd = torchrun_command(python="python3", agent="/w/agent.py", nnodes=3, nproc=8,
+    cmd = torchrun_command(python="python3", agent="/w/agent.pyz", nnodes=3, nproc=8,
                            endpoint="10.0.0.1:29400", rdzv_id="umprov-ab", join_timeout=60,
                            local_addr="10.0.0.2", is_host=False, opts_path="/w/o.json",
                            out_prefix="/w/rank")
@@ -80,9 +79,9 @@ def test_torchrun_command() -> None:
     conf = dict(kv.split("=") for kv in opt("--rdzv-conf").split(","))
     assert conf["join_timeout"] == "60" and conf["is_host"] == "false"
     assert opt("--local-addr") == "10.0.0.2"
-    assert cmd[cmd.index("/w/agent.py"):] == ["/w/agent.py", "--child", "multinode",
-                                              "--child-opts", "/w/o.json", "--child-out",
-                                              "/w/rank"]
+    assert cmd[cmd.index("/w/agent.pyz"):] == ["/w/agent.pyz", "--child", "multinode",
+                                               "--child-opts", "/w/o.json", "--child-out",
+                                               "/w/rank"]
     script = shell_script(cmd, {"NCCL_DEBUG": "WARN", "X": "a b"}, workdir="/w", deadline=240)
     assert "timeout -k 10 240" in script and "X='a b'" in script
     assert shlex.join(cmd) in script
@@ -234,15 +233,17 @@ def _free_port() -> int:
 
 
 def test_worker_gloo_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """The real worker under the real torchrun, gloo on CPU: two one-rank nodes."""
+    """The real worker under the real torchrun, gloo on CPU: two one-rank nodes; torchrun runs
+    the agent's zipapp as its script."""
     pytest.importorskip("torch")
+    agent = agent_zipapp(cache=tmp_path / "cache")
     opts = MultiNodeOptions(backend="gloo", timeout=60)
     (tmp_path / "o.json").write_text(json.dumps({**opts.worker_opts(), "elements": 4096,
                                                  "busbw_bytes": 1 << 16}))
     endpoint = f"127.0.0.1:{_free_port()}"
     runs, procs = [], []
     for node in range(2):
-        cmd = torchrun_command(python=sys.executable, agent=str(AGENT), nnodes=2, nproc=1,
+        cmd = torchrun_command(python=sys.executable, agent=str(agent), nnodes=2, nproc=1,
                                endpoint=endpoint, rdzv_id="unit", join_timeout=60,
                                local_addr="127.0.0.1", is_host=node == 0,
                                opts_path=str(tmp_path / "o.json"),

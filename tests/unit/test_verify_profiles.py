@@ -7,7 +7,7 @@ import json
 import pytest
 
 from umprov.errors import ConfigError, ExitCode
-from umprov.verify.agent import (
+from umprov.verify.agent.profiles import (
     BUILTIN_PROFILES,
     LIMITS,
     METRICS,

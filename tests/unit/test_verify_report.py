@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from umprov.verify import report
-from umprov.verify.agent import SCHEMA_VERSION, record, worst
+from umprov.verify.agent.schema import SCHEMA_VERSION, record, worst
 
 
 def host_doc(host: str = "gpu-1", records: list[dict] | None = None) -> dict:

@@ -6,15 +6,14 @@ import pytest
 
 from umprov.errors import ExitCode
 from umprov.verify import report
-from umprov.verify.agent import (
-    BUILTIN_PROFILES,
+from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.profiles import BUILTIN_PROFILES, judge
+from umprov.verify.agent.schema import (
     EXIT_FAIL,
     EXIT_PASS,
     EXIT_WARN,
     exit_code_for,
     figure,
-    judge,
-    pair_records,
     record,
     worst,
 )

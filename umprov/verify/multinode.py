@@ -5,13 +5,13 @@ Flow (``verify_multinode``), every stage under a deadline:
 1. prepare, per host in parallel: docker SDK over verified SSH, the deployed container's image,
    a throwaway container of it with ``network_mode=host`` (the deployed one publishes ports on
    the host's loopback only, and ranks on different hosts need to reach each other's peer
-   ports), the same GPU device requests, then agent.py copied in;
+   ports), the same GPU device requests, then the agent's zipapp copied in;
 2. addresses: the rendezvous endpoint (``--rendezvous``, else the first host's inventory address
    and ``umprov_rendezvous_port``; a loopback inventory address, as in the lab, is replaced by
    the first host's own address seen from its container) and each host's local address (the
    one that routes to the rendezvous);
 3. run: ``python -m torch.distributed.run`` per host with ``--rdzv-backend c10d``; each rank is
-   agent.py ``--child multinode`` and writes JSON lines (events) to a file per rank;
+   the agent ``--child multinode`` and writes JSON lines (events) to a file per rank;
 4. collect the event files and judge here (exact values, bus bandwidth against
    ``umprov_internode_busbw_gbps``);
 5. always (success, failure, Ctrl-C): remove every throwaway container, which ends torchrun.
@@ -35,16 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from umprov.errors import ConfigError, UmprovError
-from umprov.verify.agent import (
+from umprov.verify.agent.profiles import DEFAULT_RATIOS
+from umprov.verify.agent.runner import MULTICAST_OFF
+from umprov.verify.agent.schema import (
     AGENT_VERSION,
-    DEFAULT_RATIOS,
-    MULTICAST_OFF,
     SCHEMA,
     SCHEMA_VERSION,
     exit_code_for,
     record,
     worst,
 )
+from umprov.verify.bundle import AGENT_NAME
 from umprov.verify.report import UNREACHABLE
 
 Progress = Callable[[str, str], None]
@@ -147,7 +148,8 @@ def node_env(host_vars: Mapping[str, Any], route_ifname: str | None = None) -> d
 def torchrun_command(*, python: str, agent: str, nnodes: int, nproc: int, endpoint: str,
                      rdzv_id: str, join_timeout: float, local_addr: str | None,
                      is_host: bool | None, opts_path: str, out_prefix: str) -> list[str]:
-    """PyTorch's own launcher, c10d rendezvous, no restarts; each rank is agent.py."""
+    """PyTorch's own launcher, c10d rendezvous, no restarts; each rank is the agent (its
+    zipapp, which torchrun runs as its script)."""
     conf = [f"join_timeout={int(join_timeout)}", f"read_timeout={int(join_timeout)}",
             f"last_call_timeout={max(1, min(30, int(join_timeout) // 4))}"]
     if is_host is not None:
@@ -487,7 +489,8 @@ def _failed(st: _Host, stage: str, why: str, hint: str = "investigate") -> None:
 
 def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
     from umprov.ssh import docker_client
-    from umprov.verify.remote import AGENT_PATH, _exec, _tar
+    from umprov.verify.bundle import agent_zipapp
+    from umprov.verify.remote import _exec, _tar
 
     t0 = time.monotonic()
     name = st.run.name
@@ -520,11 +523,11 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     rc, out = _exec(st.container, ["mkdir", "-p", WORKDIR], 60)
     worker = json.dumps(opts.worker_opts()).encode()
     if rc != 0 or not st.container.put_archive(
-            WORKDIR, _tar({"agent.py": AGENT_PATH.read_bytes(), "opts.json": worker})):
+            WORKDIR, _tar({AGENT_NAME: agent_zipapp().read_bytes(), "opts.json": worker})):
         return _failed(st, "container", f"cannot copy the agent: {out.strip()[:200]}")
     probe = ("PY=$(command -v python3 || command -v python) || exit 98; echo \"PY=$PY\"; "
              "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | grep -c '^GPU ' || "
-             "echo 0; \"$PY\" " + WORKDIR + "/agent.py --net-info")
+             "echo 0; \"$PY\" " + f"{WORKDIR}/{AGENT_NAME} --net-info")
     rc, out = _exec(st.container, ["sh", "-c", probe], 60)
     if rc is None or rc == 98 or not out.strip():
         return _failed(st, "container", "no python in the image" if rc == 98 else
@@ -565,7 +568,7 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
 
     def launch(st: _Host) -> None:
         run = st.run
-        rc, out = _exec(st.container, [st.python, f"{WORKDIR}/agent.py", "--net-info",
+        rc, out = _exec(st.container, [st.python, f"{WORKDIR}/{AGENT_NAME}", "--net-info",
                                        rdzv_host], 60)
         with contextlib.suppress(ValueError):
             st.net = json.loads(out.strip().splitlines()[-1]) if rc == 0 else st.net
@@ -574,7 +577,7 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
         run.local_addr = route.get("ip") if is_loopback(addr) else addr
         run.env = node_env(run.vars, route.get("ifname"))
         cmd = torchrun_command(
-            python=st.python, agent=f"{WORKDIR}/agent.py", nnodes=len(states), nproc=run.nproc,
+            python=st.python, agent=f"{WORKDIR}/{AGENT_NAME}", nnodes=len(states), nproc=run.nproc,
             endpoint=endpoint, rdzv_id=run_id, join_timeout=opts.timeout,
             local_addr=run.local_addr, is_host=st is states[0] and not opts.rendezvous,
             opts_path=f"{WORKDIR}/opts.json", out_prefix=f"{WORKDIR}/rank")

@@ -1,7 +1,7 @@
 """Per-model verification profiles: expected figures and the pass/warn ratios applied to them.
 
-The built-in profiles are data inside the agent (``agent.BUILTIN_PROFILES``): the agent runs
-alone inside containers and must carry them. This module is the control-machine side: it loads
+The built-in profiles are data inside the agent (umprov/verify/agent/profiles.json): the agent
+runs alone inside containers and must carry them. This module is the control-machine side: it loads
 an override file (YAML or JSON), validates it with one-line ConfigErrors, and writes the JSON
 document the agent takes with ``--profile-file``. The override format::
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError
-from umprov.verify.agent import (
+from umprov.verify.agent.profiles import (
     BUILTIN_PROFILES,
     LIMITS,
     METRICS,
@@ -93,7 +93,7 @@ def resolve(overrides: dict[str, Any] | None = None) -> dict[str, dict]:
 
 def write_agent_profile(path: Path, overrides: dict[str, Any], *,
                         force: str | None = None) -> Path:
-    """The JSON document for ``agent.py --profile-file`` (overrides plus a forced profile)."""
+    """The JSON document for the agent's ``--profile-file`` (overrides plus a forced profile)."""
     doc: dict[str, Any] = {"profiles": overrides.get("profiles") or {}}
     chosen = force or overrides.get("profile")
     if chosen:

@@ -1,7 +1,7 @@
 """The verify report: its versioned JSON schema, verdicts, exit codes and renderers.
 
 One document per host (``schema: umprov.verify.host``, ``schema_version: 1``), produced by the
-agent (umprov/verify/agent.py, which defines the record shape) or, for a host the agent could
+agent (umprov/verify/agent/schema.py defines the record shape) or, for a host the agent could
 not run on, by ``failed_host_report``. ``umprov verify --json`` prints a run document
 (``schema: umprov.verify.run``) holding the host documents. Each record::
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ExitCode
-from umprov.verify.agent import (
+from umprov.verify.agent.schema import (
     AGENT_VERSION,
     HINTS,
     SCHEMA,
