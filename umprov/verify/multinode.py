@@ -37,14 +37,7 @@ from typing import Any
 from umprov.errors import ConfigError, UmprovError
 from umprov.verify.agent.profiles import DEFAULT_RATIOS
 from umprov.verify.agent.runner import MULTICAST_OFF
-from umprov.verify.agent.schema import (
-    AGENT_VERSION,
-    SCHEMA,
-    SCHEMA_VERSION,
-    exit_code_for,
-    record,
-    worst,
-)
+from umprov.verify.agent.schema import host_report, record
 from umprov.verify.bundle import AGENT_NAME
 from umprov.verify.report import UNREACHABLE
 
@@ -277,16 +270,8 @@ def host_reports(runs: Sequence[HostRun], *, backend: str, endpoint: str | None,
         else:
             _judge_ran(run, rec, facts, backend=backend, timeout=timeout, world=world,
                        missing=missing, expected_busbw=expected_busbw)
-        verdict = worst(r["verdict"] for r in recs)
-        summary = {v: sum(1 for r in recs if r["verdict"] == v)
-                   for v in ("pass", "warn", "fail", "skip")}
-        docs.append({
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "agent_version": AGENT_VERSION,
-            "host": run.name, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "wall_s": round(wall_s, 2), "mode": MODE, "verdict": verdict,
-            "exit_code": exit_code_for(verdict), "profile": "internode", "summary": summary,
-            "facts": facts, "records": recs,
-        })
+        docs.append(host_report(run.name, recs, mode=MODE, profile="internode", facts=facts,
+                                wall_s=wall_s))
     return docs
 
 
