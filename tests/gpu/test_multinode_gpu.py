@@ -18,15 +18,8 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.multinode import (
-    HostRun,
-    MultiNodeOptions,
-    host_reports,
-    node_env,
-    parse_events,
-    shell_script,
-    torchrun_command,
-)
+from umprov.verify.multinode import MultiNodeOptions, node_env, shell_script, torchrun_command
+from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 
 OUT = Path(os.environ["UMPROV_GPU_TEST_OUT"]) if os.environ.get("UMPROV_GPU_TEST_OUT") else None
 

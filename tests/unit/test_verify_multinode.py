@@ -19,20 +19,22 @@ from umprov.verify import report
 from umprov.verify.bundle import agent_zipapp
 from umprov.verify.multinode import (
     DEFAULT_RDZV_PORT,
-    HostRun,
     MultiNodeOptions,
     container_kwargs,
-    host_reports,
     is_loopback,
-    judge_busbw,
     node_env,
     nproc_for,
     parse_endpoint,
-    parse_events,
     rendezvous_port,
     shell_script,
-    timings,
     torchrun_command,
+)
+from umprov.verify.multinode_judge import (
+    HostRun,
+    host_reports,
+    judge_busbw,
+    parse_events,
+    timings,
 )
 
 

@@ -79,7 +79,7 @@ def test_failed_host_report_is_valid_and_fails():
 
 def test_every_host_document_has_one_shape():
     """The agent's run, a host it never ran on and a multi-node host: one builder, one shape."""
-    from umprov.verify.multinode import HostRun, host_reports
+    from umprov.verify.multinode_judge import HostRun, host_reports
 
     failed = report.failed_host_report("gpu-2", "agent.connect", "host unreachable")
     (multi,) = host_reports([HostRun("gpu-3", error="unreachable: gpu-3")], backend="gloo",

@@ -3,7 +3,7 @@
 Every host document (``schema: umprov.verify.host``, ``schema_version: 1``) comes from
 ``host_report``: the agent's own run, a host the agent could not run on
 (umprov.verify.report.failed_host_report) and each host of a multi-node run
-(umprov.verify.multinode.host_reports). Each record::
+(umprov.verify.multinode_judge.host_reports). Each record::
 
     scope     host | gpu | pair
     target    "host", "gpu3", or "gpu0-gpu5" for a pair (gpu/peer hold the indices)
