@@ -18,9 +18,27 @@ from .runner import Emitter, GiB
 
 def child_discover(em: Emitter, opts: dict) -> None:
     em.start("host.discover", "host")
+    facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable}
+    torch, count = _torch_facts(facts)
+    devices = [device_identity(torch, i) for i in range(count)]
+    facts["devices"] = devices
+    # The parent starts the NCCL ranks on this; the slower facts follow.
+    em.event("devices", devices=devices, cuda_error=facts["cuda_error"],
+             torch=facts["torch"], torch_cuda_build=facts["torch_cuda_build"],
+             cuda_available=facts["cuda_available"])
+    _runtime_facts(torch, facts)
+    _nvml_facts(facts, devices)
+    em.facts(**facts)
+    # This child was started with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync for this.
+    if devices:
+        alloc_checks(em, torch, opts)
+    em.done()
+
+
+def _torch_facts(facts: dict[str, Any]) -> tuple[Any, int]:
+    """torch, imported here, and how many devices it sees; CUDA's own words when none."""
     import warnings
 
-    facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable}
     caught: list[str] = []
     with warnings.catch_warnings(record=True) as warns:
         warnings.simplefilter("always")
@@ -41,22 +59,26 @@ def child_discover(em: Emitter, opts: dict) -> None:
             facts["cuda_error"] = " ".join(str(exc).split())[:400]
         if not facts["cuda_error"] and caught:
             facts["cuda_error"] = " ".join(caught[0].split())[:400]
-    devices = [device_identity(torch, i) for i in range(count)]
-    facts["devices"] = devices
-    # The parent starts the NCCL ranks on this; the slower facts follow.
-    em.event("devices", devices=devices, cuda_error=facts["cuda_error"],
-             torch=facts["torch"], torch_cuda_build=facts["torch_cuda_build"],
-             cuda_available=available)
+    return torch, count
+
+
+def _runtime_facts(torch: Any, facts: dict[str, Any]) -> None:
+    """The NCCL torch carries and the CUDA runtime it loaded."""
     facts["cuda_runtime"] = None
     facts["nccl"] = None
-    if available:
-        with contextlib.suppress(Exception):
-            v = torch.cuda.nccl.version()
-            facts["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-        with contextlib.suppress(Exception):
-            rt = CudaRt.load()
-            facts["cuda_runtime"] = f"{rt.version // 1000}.{(rt.version % 1000) // 10}"
-            facts["cudart_path"] = rt.path
+    if not facts["cuda_available"]:
+        return
+    with contextlib.suppress(Exception):
+        v = torch.cuda.nccl.version()
+        facts["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    with contextlib.suppress(Exception):
+        rt = CudaRt.load()
+        facts["cuda_runtime"] = f"{rt.version // 1000}.{(rt.version % 1000) // 10}"
+        facts["cudart_path"] = rt.path
+
+
+def _nvml_facts(facts: dict[str, Any], devices: list[dict]) -> None:
+    """The driver's view of the system and of each device torch sees."""
     nv = Nvml()
     facts["nvml"] = nv.system()
     facts["nvml_error"] = nv.error if nv.kind != "pynvml" else ""
@@ -64,12 +86,6 @@ def child_discover(em: Emitter, opts: dict) -> None:
     for d in devices:
         info = nv.info(d["uuid"], d["pci_bus_id"], d["index"]) if nv.kind != "none" else {}
         facts["gpus_nvml"].append(info)
-    em.facts(**facts)
-    # This child was started with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync for this.
-    if devices:
-        alloc_checks(em, torch, opts)
-    em.done()
-
 
 
 def device_identity(torch: Any, i: int) -> dict:

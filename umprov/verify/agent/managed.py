@@ -33,19 +33,7 @@ class ManagedTests:
         rt = CudaRt.load()
         rt.set_device(self.dev)
         self.rt = rt
-        a83, a88, a89 = (rt.attr(83, self.dev), rt.attr(88, self.dev), rt.attr(89, self.dev))
-        gc.em.facts(**{f"managed_gpu{self.dev}": {
-            "cudart": rt.path, "runtime_version": rt.version, "call_form": rt.form(),
-            "attr_managed_83": a83, "attr_pageable_88": a88, "attr_concurrent_89": a89}})
-        gc.rec("managed.attr_managed_memory", "pass" if a83 == 1 else "fail", measured=a83,
-               limit=1, hint="driver", detail="cudaDevAttrManagedMemory (83)")
-        gc.rec("managed.attr_concurrent_access", "pass" if a89 == 1 else "warn", measured=a89,
-               limit=1, hint="driver",
-               detail="cudaDevAttrConcurrentManagedAccess (89)" + (
-                   "" if a89 == 1 else ": no on-demand migration; prefetch/concurrency skipped"))
-        gc.rec("managed.attr_pageable_access", "pass", measured=a88,
-               detail="cudaDevAttrPageableMemoryAccess (88), reported only: "
-               + ("HMM on" if a88 else "HMM off on this host"))
+        a83, a89 = self.attributes()
         if a83 != 1:
             return
         free, _ = torch.cuda.mem_get_info(self.dev)
@@ -79,6 +67,24 @@ class ManagedTests:
             self.g = self.gf = self.c = None
             torch.cuda.synchronize()
             rt.free(ptr)
+
+    def attributes(self) -> tuple[int, int]:
+        """The device attributes managed memory depends on, as records; (83, 89)."""
+        gc, rt = self.gc, self.rt
+        a83, a88, a89 = (rt.attr(83, self.dev), rt.attr(88, self.dev), rt.attr(89, self.dev))
+        gc.em.facts(**{f"managed_gpu{self.dev}": {
+            "cudart": rt.path, "runtime_version": rt.version, "call_form": rt.form(),
+            "attr_managed_83": a83, "attr_pageable_88": a88, "attr_concurrent_89": a89}})
+        gc.rec("managed.attr_managed_memory", "pass" if a83 == 1 else "fail", measured=a83,
+               limit=1, hint="driver", detail="cudaDevAttrManagedMemory (83)")
+        gc.rec("managed.attr_concurrent_access", "pass" if a89 == 1 else "warn", measured=a89,
+               limit=1, hint="driver",
+               detail="cudaDevAttrConcurrentManagedAccess (89)" + (
+                   "" if a89 == 1 else ": no on-demand migration; prefetch/concurrency skipped"))
+        gc.rec("managed.attr_pageable_access", "pass", measured=a88,
+               detail="cudaDevAttrPageableMemoryAccess (88), reported only: "
+               + ("HMM on" if a88 else "HMM off on this host"))
+        return a83, a89
 
     # helpers
     def _chunks(self, size: int = 16 * MiB) -> Any:

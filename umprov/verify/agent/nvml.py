@@ -100,7 +100,13 @@ class Nvml:
         out["pcie_gen_max"] = _try(n.nvmlDeviceGetMaxPcieLinkGeneration, h)
         out["pcie_width_max"] = _try(n.nvmlDeviceGetMaxPcieLinkWidth, h)
         out.update(self.sample_from_handle(h))
-        # NVLink: active links and whether they end on an NVSwitch
+        out.update(self._nvlinks(h))
+        out.update(self._fabric(h, out.get("uuid")))
+        return out
+
+    def _nvlinks(self, h: Any) -> dict:
+        """NVLink: how many links, how many active, and whether they end on an NVSwitch."""
+        n = self.pynvml
         active = 0
         switch = False
         links = 0
@@ -114,10 +120,12 @@ class Nvml:
                 rtype = _try(n.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
                 if rtype == 2:  # NVML_NVLINK_DEVICE_TYPE_SWITCH
                     switch = True
-        out["nvlink_links"] = links or None
-        out["nvlink_active"] = active if links else None
-        out["nvswitch"] = switch if links else None
-        out["fabric_state"] = out["fabric_status"] = None
+        return {"nvlink_links": links or None, "nvlink_active": active if links else None,
+                "nvswitch": switch if links else None}
+
+    def _fabric(self, h: Any, uuid: str | None) -> dict:
+        """The GPU fabric (fabric manager) state and status, where the driver reports one."""
+        n = self.pynvml
         for fn_name, struct_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
                                      ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
             fn, struct = getattr(n, fn_name, None), getattr(n, struct_name, None)
@@ -125,16 +133,14 @@ class Nvml:
                 continue
             fab = struct()  # the versioned struct's constructor sets its version field
             if _try(fn, h, ctypes.byref(fab)) is not None and int(fab.state) != 0:
-                out["fabric_state"], out["fabric_status"] = int(fab.state), int(fab.status)
-                break
-        if out["fabric_state"] is None and self.smi and out.get("uuid"):
+                return {"fabric_state": int(fab.state), "fabric_status": int(fab.status)}
+        if self.smi and uuid:
             # Some drivers answer only through nvidia-smi (seen: NVML v1 says N/A, smi says
             # Completed on the same GPU).
-            smi = self._info_smi(out["uuid"], None, 0, ["fabric_state_text",
-                                                        "fabric_status_text"])
-            out["fabric_state"], out["fabric_status"] = (smi.get("fabric_state"),
-                                                         smi.get("fabric_status"))
-        return out
+            smi = self._info_smi(uuid, None, 0, ["fabric_state_text", "fabric_status_text"])
+            return {"fabric_state": smi.get("fabric_state"),
+                    "fabric_status": smi.get("fabric_status")}
+        return {"fabric_state": None, "fabric_status": None}
 
     def sample_from_handle(self, h: Any) -> dict:
         n = self.pynvml
