@@ -336,10 +336,11 @@ class _H:
                                                                             **hv}
 
 
-def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
+def _fake_fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, down: set[str]) -> list[str]:
     import umprov.ssh
     from umprov.ssh import Unreachable
 
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))  # the agent's zipapp cache
     log: list[str] = []
 
     def client(host: _H, **_kw: object) -> _FakeClient:
@@ -351,10 +352,11 @@ def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
     return log
 
 
-def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
     from umprov.verify import multinode
 
-    log = _fake_fleet(monkeypatch, down=set())
+    log = _fake_fleet(monkeypatch, tmp_path, down=set())
 
     def interrupted(*_a: object, **_k: object) -> None:
         raise KeyboardInterrupt
@@ -368,10 +370,11 @@ def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch) -> None
     assert sum(x.startswith("removed") for x in log) == 3
 
 
-def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
     from umprov.verify import multinode
 
-    log = _fake_fleet(monkeypatch, down={"c"})
+    log = _fake_fleet(monkeypatch, tmp_path, down={"c"})
     launched: list[str] = []
     monkeypatch.setattr(multinode, "_launch_all", lambda *a, **k: launched.append("x"))
     docs = multinode.verify_multinode([_H("a"), _H("b"), _H("c")],
