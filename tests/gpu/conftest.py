@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from umprov.verify.bundle import agent_zipapp
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,3 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def gpu_count() -> int:
     return _gpu_count()[0]
+
+
+@pytest.fixture(scope="session")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent's zipapp, as umprov ships it to hosts."""
+    return agent_zipapp(cache=tmp_path_factory.mktemp("agent"))

@@ -1,7 +1,7 @@
 """The multi-node NCCL path on one 2-GPU machine: two "nodes" of one GPU each.
 
 Two torchrun processes (CUDA_VISIBLE_DEVICES=0 and =1), c10d rendezvous over 127.0.0.1, each
-rank being agent.py --child multinode, built and judged by umprov.verify.multinode exactly as a
+rank being the agent's zipapp --child multinode, built and judged by umprov.verify.multinode exactly as a
 multi-host run. Run on the H200 machine: `pytest -q tests/gpu/test_multinode_gpu.py`.
 """
 
@@ -18,17 +18,9 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.multinode import (
-    HostRun,
-    MultiNodeOptions,
-    host_reports,
-    node_env,
-    parse_events,
-    shell_script,
-    torchrun_command,
-)
+from umprov.verify.multinode import MultiNodeOptions, node_env, shell_script, torchrun_command
+from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 
-AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
 OUT = Path(os.environ["UMPROV_GPU_TEST_OUT"]) if os.environ.get("UMPROV_GPU_TEST_OUT") else None
 
 pytestmark = pytest.mark.gpu
@@ -48,7 +40,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_two_nodes_of_one_gpu_nccl(tmp_path: Path, gpu_count: int, transport: str) -> None:
+def test_two_nodes_of_one_gpu_nccl(agent: Path, tmp_path: Path, gpu_count: int,
+                                   transport: str) -> None:
     if gpu_count < 2:
         pytest.skip(f"needs 2 CUDA GPUs, {gpu_count} visible")
     opts = MultiNodeOptions(backend="nccl", timeout=120)
@@ -62,7 +55,7 @@ def test_two_nodes_of_one_gpu_nccl(tmp_path: Path, gpu_count: int, transport: st
         run = HostRun(f"node{node}", {})
         run.nproc, run.local_addr, run.stage = 1, "127.0.0.1", "launched"
         run.env = {**node_env({}), **TRANSPORTS[transport]}
-        cmd = torchrun_command(python=sys.executable, agent=str(AGENT), nnodes=2, nproc=1,
+        cmd = torchrun_command(python=sys.executable, agent=str(agent), nnodes=2, nproc=1,
                                endpoint=endpoint, rdzv_id=rdzv_id, join_timeout=opts.timeout,
                                local_addr="127.0.0.1", is_host=node == 0,
                                opts_path=str(tmp_path / "opts.json"),

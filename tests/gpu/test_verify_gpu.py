@@ -1,6 +1,7 @@
 """The agent on a real GPU host (run on the H200 machine: `pytest -m gpu tests/gpu`).
 
-Each test runs the agent the way users do, as a separate process, and reads its JSON report.
+Each test runs the agent the way users do, its zipapp as a separate process, and reads its
+JSON report.
 """
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.agent import EXIT_FAIL, EXIT_PASS
+from umprov.verify.agent.schema import EXIT_FAIL, EXIT_PASS
 
-AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
+HUNG_GEMM = Path(__file__).resolve().parent / "hung_gemm"  # its sitecustomize hangs gpu0's GEMM
 OUT = Path(os.environ.get("UMPROV_GPU_TEST_OUT", "")) if os.environ.get("UMPROV_GPU_TEST_OUT") else None
 
 pytestmark = pytest.mark.gpu
 
 
-def run_agent(tmp_path: Path, *args: str, env: dict | None = None, name: str = "report",
-              timeout: float = 300) -> tuple[int, dict, float]:
+def run_agent(agent: Path, tmp_path: Path, *args: str, env: dict | None = None,
+              name: str = "report", timeout: float = 300) -> tuple[int, dict, float]:
     out = tmp_path / f"{name}.json"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(AGENT), "--json", str(out), *args],
+    proc = subprocess.run([sys.executable, str(agent), "--json", str(out), *args],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
     wall = time.monotonic() - started
@@ -49,8 +50,8 @@ def by_check(doc: dict, check: str) -> list[dict]:
     return [r for r in doc["records"] if r["check"] == check]
 
 
-def test_every_check_passes_on_a_healthy_host(tmp_path, gpu_count):
-    rc, doc, _wall = run_agent(tmp_path, "--expected-gpus", str(gpu_count), name="full")
+def test_every_check_passes_on_a_healthy_host(agent, tmp_path, gpu_count):
+    rc, doc, _wall = run_agent(agent, tmp_path, "--expected-gpus", str(gpu_count), name="full")
     assert doc["verdict"] == "pass", problems(doc)
     assert rc == EXIT_PASS
     checks = {r["check"] for r in doc["records"]}
@@ -71,8 +72,8 @@ def test_every_check_passes_on_a_healthy_host(tmp_path, gpu_count):
         assert by_check(doc, "nccl.busbw_1g")[0]["measured"] > 0
 
 
-def test_expected_gpu_count_above_the_real_one_fails(tmp_path, gpu_count):
-    rc, doc, _ = run_agent(tmp_path, "--quick", "--expected-gpus", str(gpu_count + 1),
+def test_expected_gpu_count_above_the_real_one_fails(agent, tmp_path, gpu_count):
+    rc, doc, _ = run_agent(agent, tmp_path, "--quick", "--expected-gpus", str(gpu_count + 1),
                            name="count")
     assert rc == EXIT_FAIL
     (rec,) = by_check(doc, "host.gpu_count")
@@ -83,11 +84,11 @@ def test_expected_gpu_count_above_the_real_one_fails(tmp_path, gpu_count):
     assert [r["check"] for r in doc["records"] if r["verdict"] == "fail"] == ["host.gpu_count"]
 
 
-def test_a_profile_limit_above_the_measured_value_fails(tmp_path):
+def test_a_profile_limit_above_the_measured_value_fails(agent, tmp_path):
     prof = tmp_path / "profile.json"
     prof.write_text(json.dumps({"profile": "h200-sxm", "profiles": {"h200-sxm": {
         "expect": {"hbm_copy_gbps": 1_000_000}}}}))
-    rc, doc, _ = run_agent(tmp_path, "--profile-file", str(prof), name="limit")
+    rc, doc, _ = run_agent(agent, tmp_path, "--profile-file", str(prof), name="limit")
     assert rc == EXIT_FAIL
     fails = [r for r in doc["records"] if r["verdict"] == "fail"]
     assert fails and {r["check"] for r in fails} == {"gpu.hbm_copy"}, problems(doc)
@@ -96,11 +97,11 @@ def test_a_profile_limit_above_the_measured_value_fails(tmp_path):
         assert r["measured"] < r["limit"]
 
 
-def test_a_hung_child_is_killed_at_its_timeout(tmp_path):
+def test_a_hung_child_is_killed_at_its_timeout(agent, tmp_path):
     started = time.monotonic()
-    rc, doc, wall = run_agent(tmp_path, "--quick", "--timeout", "20",
-                              env={"UMPROV_VERIFY_TEST_HANG": "gpu0:gpu.gemm_bf16_rate"},
-                              name="hang")
+    path = os.pathsep.join(p for p in (str(HUNG_GEMM), os.environ.get("PYTHONPATH")) if p)
+    rc, doc, wall = run_agent(agent, tmp_path, "--quick", "--timeout", "20",
+                              env={"PYTHONPATH": path}, name="hang")
     assert rc == EXIT_FAIL
     timeouts = [r for r in doc["records"] if r["reason"] == "timeout"]
     assert len(timeouts) == 1, timeouts
@@ -114,8 +115,9 @@ def test_a_hung_child_is_killed_at_its_timeout(tmp_path):
     assert time.monotonic() - started < 60
 
 
-def test_one_gpu_still_initialises_nccl(tmp_path):
-    rc, doc, _ = run_agent(tmp_path, "--quick", env={"CUDA_VISIBLE_DEVICES": "0"}, name="one")
+def test_one_gpu_still_initialises_nccl(agent, tmp_path):
+    rc, doc, _ = run_agent(agent, tmp_path, "--quick", env={"CUDA_VISIBLE_DEVICES": "0"},
+                           name="one")
     (init,) = by_check(doc, "nccl.init")
     assert init["verdict"] == "pass" and "one rank" in init["detail"]
     (bw,) = by_check(doc, "nccl.busbw_1g")

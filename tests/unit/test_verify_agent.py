@@ -1,7 +1,8 @@
 """The agent on a machine without a GPU: honest failures, child processes and their deadlines.
 
-The agent runs as users run it (a separate process). Stand-in torch packages under
-verify_fakes/ play a CPU-only build, a CUDA build without a driver and a broken install.
+The agent runs as users run it: its zipapp, in a separate process. Stand-in torch packages
+under verify_fakes/ play a CPU-only build, a CUDA build without a driver, a broken install and
+one whose import hangs.
 """
 
 from __future__ import annotations
@@ -17,29 +18,28 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.agent import (
-    BUILTIN_PROFILES,
-    EXIT_FAIL,
-    EXIT_USAGE,
-    MULTICAST_OFF,
-    child_env,
-    guess_gpu_count,
-    no_gpu_reasons,
-    pair_records,
-)
+from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.precheck import guess_gpu_count, no_gpu_reasons
+from umprov.verify.agent.profiles import BUILTIN_PROFILES
+from umprov.verify.agent.runner import MULTICAST_OFF, child_env
+from umprov.verify.agent.schema import EXIT_FAIL, EXIT_USAGE
+from umprov.verify.bundle import agent_zipapp
 
-AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
 FAKES = Path(__file__).resolve().parent / "verify_fakes"
 
 
-def run_agent(tmp_path: Path, *args: str, fake: str | None = None,
-              env: dict | None = None, python: str = sys.executable) -> tuple[int, dict, str]:
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return agent_zipapp(cache=tmp_path_factory.mktemp("agent"))
+
+
+def run_agent(agent: Path, tmp_path: Path, *args: str, fake: str | None = None,
+              python: str = sys.executable) -> tuple[int, dict, str]:
     out = tmp_path / "report.json"
     full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if fake:
         full_env["PYTHONPATH"] = str(FAKES / fake)
-    full_env.update(env or {})
-    proc = subprocess.run([python, str(AGENT), "--json", str(out), *args], capture_output=True,
+    proc = subprocess.run([python, str(agent), "--json", str(out), *args], capture_output=True,
                           text=True, timeout=120, env=full_env)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     return proc.returncode, doc, proc.stderr
@@ -50,10 +50,10 @@ def gpu_visible(doc: dict) -> dict:
     return rec
 
 
-def test_no_torch_is_an_honest_failure(tmp_path):
+def test_no_torch_is_an_honest_failure(agent, tmp_path):
     if sys.modules.get("torch") or __import__("importlib.util").util.find_spec("torch"):
         pytest.skip("this Python has torch; the no-torch case needs one without")
-    rc, doc, err = run_agent(tmp_path, "--expected-gpus", "8")
+    rc, doc, err = run_agent(agent, tmp_path, "--expected-gpus", "8")
     assert rc == EXIT_FAIL
     assert report.validate(doc) == []
     rec = gpu_visible(doc)
@@ -65,34 +65,33 @@ def test_no_torch_is_an_honest_failure(tmp_path):
     assert "FAIL" in err and "no NVIDIA GPU visible" in err
 
 
-def test_a_cpu_only_torch_is_named(tmp_path):
-    rc, doc, _ = run_agent(tmp_path, fake="cpu_torch")
+def test_a_cpu_only_torch_is_named(agent, tmp_path):
+    rc, doc, _ = run_agent(agent, tmp_path, fake="cpu_torch")
     assert rc == EXIT_FAIL and doc["verdict"] == "fail"
     detail = gpu_visible(doc)["detail"]
     assert "torch 2.99.0+cpu is a CPU-only build" in detail
     assert doc["records"] == [gpu_visible(doc)]  # nothing pretends to have passed
 
 
-def test_the_cuda_error_text_is_reported(tmp_path):
-    rc, doc, _ = run_agent(tmp_path, "--quick", fake="nodriver_torch")
+def test_the_cuda_error_text_is_reported(agent, tmp_path):
+    rc, doc, _ = run_agent(agent, tmp_path, "--quick", fake="nodriver_torch")
     assert rc == EXIT_FAIL
     detail = gpu_visible(doc)["detail"]
     assert "CUDA error: Found no NVIDIA driver on your system" in detail
     assert doc["mode"] == "quick"
 
 
-def test_a_crashing_child_is_a_failure_with_its_last_words(tmp_path):
-    rc, doc, _ = run_agent(tmp_path, fake="broken_torch")
+def test_a_crashing_child_is_a_failure_with_its_last_words(agent, tmp_path):
+    rc, doc, _ = run_agent(agent, tmp_path, fake="broken_torch")
     assert rc == EXIT_FAIL
     (rec,) = [r for r in doc["records"] if r["verdict"] == "fail"]
     assert rec["check"] == "host.discover" and rec["reason"] == "crash"
     assert "libtorch_cuda.so" in rec["detail"]
 
 
-def test_a_hung_child_is_killed_at_its_deadline(tmp_path):
+def test_a_hung_child_is_killed_at_its_deadline(agent, tmp_path):
     started = time.monotonic()
-    rc, doc, _ = run_agent(tmp_path, "--timeout", "3", fake="cpu_torch",
-                           env={"UMPROV_VERIFY_TEST_HANG": "discover"})
+    rc, doc, _ = run_agent(agent, tmp_path, "--timeout", "3", fake="hung_torch")
     elapsed = time.monotonic() - started
     assert rc == EXIT_FAIL
     (rec,) = doc["records"]
@@ -102,28 +101,28 @@ def test_a_hung_child_is_killed_at_its_deadline(tmp_path):
     assert 3 <= elapsed < 20
 
 
-def test_a_bad_profile_file_is_a_usage_error(tmp_path):
+def test_a_bad_profile_file_is_a_usage_error(agent, tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"profiles": {"h200-sxm": {"expect": {"nope": 1}}}}))
-    rc, doc, err = run_agent(tmp_path, "--profile-file", str(bad))
+    rc, doc, err = run_agent(agent, tmp_path, "--profile-file", str(bad))
     assert rc == EXIT_USAGE and doc == {}
     assert "unknown expect key 'nope'" in err
 
 
-def test_json_to_stdout_and_list_profiles():
-    proc = subprocess.run([sys.executable, str(AGENT), "--json", "-", "--quiet"],
+def test_json_to_stdout_and_list_profiles(agent):
+    proc = subprocess.run([sys.executable, str(agent), "--json", "-", "--quiet"],
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(FAKES / "cpu_torch")})
     assert json.loads(proc.stdout)["schema_version"] == 1 and proc.stderr == ""
-    listed = subprocess.run([sys.executable, str(AGENT), "--list-profiles"], capture_output=True,
+    listed = subprocess.run([sys.executable, str(agent), "--list-profiles"], capture_output=True,
                             text=True, timeout=60)
-    assert set(json.loads(listed.stdout)) == set(BUILTIN_PROFILES)
+    assert json.loads(listed.stdout) == BUILTIN_PROFILES
 
 
-def test_the_agent_copied_alone_still_runs(tmp_path):
-    lone = tmp_path / "elsewhere" / "agent.py"
+def test_the_agent_copied_alone_still_runs(agent, tmp_path):
+    lone = tmp_path / "elsewhere" / "agent.pyz"
     lone.parent.mkdir()
-    lone.write_bytes(AGENT.read_bytes())
+    lone.write_bytes(agent.read_bytes())
     out = tmp_path / "r.json"
     subprocess.run([sys.executable, str(lone), "--json", str(out), "--quiet"], timeout=60,
                    env={"PATH": os.environ["PATH"], "PYTHONPATH": str(FAKES / "cpu_torch")},
@@ -175,7 +174,7 @@ def _torch_python() -> str | None:
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_collective_checks_on_cpu_with_gloo(tmp_path, world):
+def test_collective_checks_on_cpu_with_gloo(agent, tmp_path, world):
     """The NCCL rank code, run over gloo on the CPU (needs a torch: UMPROV_TEST_TORCH_PYTHON)."""
     python = _torch_python()
     if python is None:
@@ -189,7 +188,7 @@ def test_collective_checks_on_cpu_with_gloo(tmp_path, world):
     opts.write_text(json.dumps({"quick": False, "timeout": 60, "profiles": BUILTIN_PROFILES,
                                 "forced": None, "world": world, "port": port,
                                 "nccl_backend": "gloo", "gate": str(gate)}))
-    procs = [subprocess.Popen([python, str(AGENT), "--child", "nccl", "--child-opts", str(opts),
+    procs = [subprocess.Popen([python, str(agent), "--child", "nccl", "--child-opts", str(opts),
                                "--rank", str(r), "--child-out", str(tmp_path / f"r{r}.jsonl")])
              for r in range(world)]
     assert [p.wait(timeout=180) for p in procs] == [0] * world

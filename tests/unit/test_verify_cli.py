@@ -115,9 +115,10 @@ class LocalContainer:
         return iter([buf.getvalue()]), {}
 
 
-def test_run_agent_in_container_round_trip(monkeypatch):
+def test_run_agent_in_container_round_trip(monkeypatch, tmp_path):
     import os
 
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))  # the zipapp's cache
     env = {**os.environ, "PYTHONPATH": str(FAKES / "cpu_torch")}
     box = LocalContainer(env)
     doc = remote.run_agent_in_container(
@@ -136,7 +137,8 @@ def test_run_agent_in_container_round_trip(monkeypatch):
     assert not Path(workdir).exists()
 
 
-def test_run_agent_in_container_without_a_report():
+def test_run_agent_in_container_without_a_report(monkeypatch, tmp_path):
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
     class NoPython(LocalContainer):
         def exec_run(self, cmd, demux=False):
             if cmd[0] == "sh":

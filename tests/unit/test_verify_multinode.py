@@ -16,25 +16,26 @@ from click.testing import CliRunner
 
 from umprov.errors import ConfigError
 from umprov.verify import report
+from umprov.verify.bundle import agent_zipapp
 from umprov.verify.multinode import (
     DEFAULT_RDZV_PORT,
-    HostRun,
     MultiNodeOptions,
     container_kwargs,
-    host_reports,
     is_loopback,
-    judge_busbw,
     node_env,
     nproc_for,
     parse_endpoint,
-    parse_events,
     rendezvous_port,
     shell_script,
-    timings,
     torchrun_command,
 )
-
-AGENT = Path(__file__).resolve().parents[2] / "umprov" / "verify" / "agent.py"
+from umprov.verify.multinode_judge import (
+    HostRun,
+    host_reports,
+    judge_busbw,
+    parse_events,
+    timings,
+)
 
 
 def test_parse_endpoint() -> None:
@@ -65,7 +66,7 @@ def test_node_env_from_inventory_vars() -> None:
 
 
 def test_torchrun_command() -> None:
-    cmd = torchrun_command(python="python3", agent="/w/agent.py", nnodes=3, nproc=8,
+    cmd = torchrun_command(python="python3", agent="/w/agent.pyz", nnodes=3, nproc=8,
                            endpoint="10.0.0.1:29400", rdzv_id="umprov-ab", join_timeout=60,
                            local_addr="10.0.0.2", is_host=False, opts_path="/w/o.json",
                            out_prefix="/w/rank")
@@ -80,9 +81,9 @@ def test_torchrun_command() -> None:
     conf = dict(kv.split("=") for kv in opt("--rdzv-conf").split(","))
     assert conf["join_timeout"] == "60" and conf["is_host"] == "false"
     assert opt("--local-addr") == "10.0.0.2"
-    assert cmd[cmd.index("/w/agent.py"):] == ["/w/agent.py", "--child", "multinode",
-                                              "--child-opts", "/w/o.json", "--child-out",
-                                              "/w/rank"]
+    assert cmd[cmd.index("/w/agent.pyz"):] == ["/w/agent.pyz", "--child", "multinode",
+                                               "--child-opts", "/w/o.json", "--child-out",
+                                               "/w/rank"]
     script = shell_script(cmd, {"NCCL_DEBUG": "WARN", "X": "a b"}, workdir="/w", deadline=240)
     assert "timeout -k 10 240" in script and "X='a b'" in script
     assert shlex.join(cmd) in script
@@ -234,15 +235,17 @@ def _free_port() -> int:
 
 
 def test_worker_gloo_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """The real worker under the real torchrun, gloo on CPU: two one-rank nodes."""
+    """The real worker under the real torchrun, gloo on CPU: two one-rank nodes; torchrun runs
+    the agent's zipapp as its script."""
     pytest.importorskip("torch")
+    agent = agent_zipapp(cache=tmp_path / "cache")
     opts = MultiNodeOptions(backend="gloo", timeout=60)
     (tmp_path / "o.json").write_text(json.dumps({**opts.worker_opts(), "elements": 4096,
                                                  "busbw_bytes": 1 << 16}))
     endpoint = f"127.0.0.1:{_free_port()}"
     runs, procs = [], []
     for node in range(2):
-        cmd = torchrun_command(python=sys.executable, agent=str(AGENT), nnodes=2, nproc=1,
+        cmd = torchrun_command(python=sys.executable, agent=str(agent), nnodes=2, nproc=1,
                                endpoint=endpoint, rdzv_id="unit", join_timeout=60,
                                local_addr="127.0.0.1", is_host=node == 0,
                                opts_path=str(tmp_path / "o.json"),
@@ -333,10 +336,11 @@ class _H:
                                                                             **hv}
 
 
-def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
+def _fake_fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, down: set[str]) -> list[str]:
     import umprov.hosts.engine
     from umprov.errors import Unreachable
 
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))  # the agent's zipapp cache
     log: list[str] = []
 
     def client(host: _H, **_kw: object) -> _FakeClient:
@@ -348,10 +352,11 @@ def _fake_fleet(monkeypatch: pytest.MonkeyPatch, down: set[str]) -> list[str]:
     return log
 
 
-def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
     from umprov.verify import multinode
 
-    log = _fake_fleet(monkeypatch, down=set())
+    log = _fake_fleet(monkeypatch, tmp_path, down=set())
 
     def interrupted(*_a: object, **_k: object) -> None:
         raise KeyboardInterrupt
@@ -365,10 +370,11 @@ def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch) -> None
     assert sum(x.startswith("removed") for x in log) == 3
 
 
-def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
     from umprov.verify import multinode
 
-    log = _fake_fleet(monkeypatch, down={"c"})
+    log = _fake_fleet(monkeypatch, tmp_path, down={"c"})
     launched: list[str] = []
     monkeypatch.setattr(multinode, "_launch_all", lambda *a, **k: launched.append("x"))
     docs = multinode.verify_multinode([_H("a"), _H("b"), _H("c")],

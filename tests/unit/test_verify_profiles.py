@@ -7,7 +7,7 @@ import json
 import pytest
 
 from umprov.errors import ConfigError, ExitCode
-from umprov.verify.agent import (
+from umprov.verify.agent.profiles import (
     BUILTIN_PROFILES,
     LIMITS,
     METRICS,
@@ -146,6 +146,25 @@ def test_agent_profile_document_round_trips_through_the_agent(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["profile"] == "h200-sxm"
     assert load_profile_file(str(path)) == doc  # what the agent reads back, validated
+
+
+def test_both_loaders_follow_one_set_of_rules(tmp_path):
+    """The agent's loader accepted a top-level 'schema' key that umprov's refused; both refuse
+    it now (the stricter rule: nothing writes one), with the same message."""
+    doc = {"schema": "umprov.verify.profiles", "profiles": {}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as agent_side:
+        load_profile_file(str(path))
+    with pytest.raises(ConfigError) as control_side:
+        load_overrides(path)
+    message = "unknown key 'schema' (expected 'profiles' and/or 'profile')"
+    assert message in str(agent_side.value) and message in str(control_side.value)
+    path.write_text(json.dumps(["h200-sxm"]))
+    with pytest.raises(ValueError, match="must be a mapping with 'profiles'"):
+        load_profile_file(str(path))
+    with pytest.raises(ConfigError, match="must be a mapping with 'profiles'"):
+        load_overrides(path)
 
 
 def test_agent_profile_document_refuses_unknown_forced_profile(tmp_path):

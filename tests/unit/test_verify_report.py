@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from umprov.verify import report
-from umprov.verify.agent import SCHEMA_VERSION, record, worst
+from umprov.verify.agent import schema
+from umprov.verify.agent.schema import SCHEMA_VERSION, record, worst
 
 
 def host_doc(host: str = "gpu-1", records: list[dict] | None = None) -> dict:
@@ -74,6 +75,24 @@ def test_failed_host_report_is_valid_and_fails():
     doc = report.failed_host_report("gpu-2", "agent.connect", "host unreachable")
     assert report.validate(doc) == []
     assert doc["exit_code"] == 13 and doc["records"][0]["check"] == "agent.connect"
+
+
+def test_every_host_document_has_one_shape():
+    """The agent's run, a host it never ran on and a multi-node host: one builder, one shape."""
+    from umprov.verify.multinode_judge import HostRun, host_reports
+
+    failed = report.failed_host_report("gpu-2", "agent.connect", "host unreachable")
+    (multi,) = host_reports([HostRun("gpu-3", error="unreachable: gpu-3")], backend="gloo",
+                            endpoint=None, rdzv_id="r", timeout=1, wall_s=1.234)
+    local = schema.host_report("gpu-4", [record("host", "host", "x", "pass")], mode="full",
+                               profile="generic", children_wall_s={}, timeline={})
+    keys = ["schema", "schema_version", "agent_version", "host", "started", "wall_s", "mode",
+            "verdict", "exit_code", "profile", "summary", "facts", "records"]
+    assert list(failed) == list(multi) == keys
+    assert [k for k in local if k not in ("children_wall_s", "timeline")] == keys
+    assert (multi["exit_code"], multi["wall_s"], local["exit_code"]) == (13, 1.23, 0)
+    for doc in (failed, multi, local):
+        assert report.validate(doc) == []
 
 
 def test_run_document_verdict_and_exit_code():

@@ -6,16 +6,17 @@ import pytest
 
 from umprov.errors import ExitCode
 from umprov.verify import report
-from umprov.verify.agent import (
-    BUILTIN_PROFILES,
+from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.profiles import BUILTIN_PROFILES, judge
+from umprov.verify.agent.schema import (
     EXIT_FAIL,
     EXIT_PASS,
+    EXIT_USAGE,
     EXIT_WARN,
     exit_code_for,
     figure,
-    judge,
-    pair_records,
     record,
+    validate_record,
     worst,
 )
 
@@ -59,7 +60,7 @@ def test_figure_record_carries_measured_limit_and_verdict_side_by_side():
     assert rec["gpu"] == 3 and rec["peer"] is None and rec["unit"] == "GB/s"
     assert rec["verdict"] == "fail" and rec["hint"] == "reset"
     assert rec["measured"] == 1000.0 and rec["limit"] == pytest.approx(3629.5)
-    assert report.validate_record(rec) == []
+    assert validate_record(rec) == []
 
 
 def test_record_parses_pair_targets_and_drops_hints_on_pass():
@@ -83,6 +84,9 @@ def test_exit_codes_match_the_cli_contract():
     assert report.exit_code("pass") == ExitCode.OK == EXIT_PASS
     assert report.exit_code("warn") == ExitCode.VERIFY_WARN == EXIT_WARN
     assert report.exit_code("fail") == ExitCode.VERIFY_FAIL == EXIT_FAIL
+    assert report.exit_code("skip") == ExitCode.VERIFY_FAIL  # nothing judged is no pass
+    # The agent's plain integers are umprov's documented codes (README, "Exit codes").
+    assert EXIT_USAGE == ExitCode.USAGE
 
 
 def _dir(src, dst, gbps, wrong=0, quick=False):

@@ -23,17 +23,18 @@ def _agent_args(quick: bool, timeout: float, expected_gpus: int | None) -> list[
 
 def run_local(*, quick: bool, timeout: float, expected_gpus: int | None,
               overrides: dict[str, Any], python: str | None = None) -> dict:
-    """Run agent.py here as a subprocess of ``python`` and return its checked report."""
+    """Run the agent's zipapp here as a subprocess of ``python``; its checked report."""
     import socket
 
-    from umprov.verify.remote import AGENT_PATH, VerifyOptions
+    from umprov.verify.bundle import agent_zipapp
+    from umprov.verify.remote import VerifyOptions
     from umprov.verify.report import checked, failed_host_report
 
     interpreter = python or sys.executable
     host = socket.gethostname()
     with tempfile.TemporaryDirectory(prefix="umprov-verify-") as tmp:
         out = Path(tmp) / "report.json"
-        argv = [interpreter, str(AGENT_PATH), "--quiet", "--json", str(out),
+        argv = [interpreter, str(agent_zipapp()), "--quiet", "--json", str(out),
                 *_agent_args(quick, timeout, expected_gpus)]
         if overrides:
             prof = Path(tmp) / "profile.json"

@@ -5,13 +5,13 @@ Flow (``verify_multinode``), every stage under a deadline:
 1. prepare, per host in parallel: docker SDK over verified SSH, the deployed container's image,
    a throwaway container of it with ``network_mode=host`` (the deployed one publishes ports on
    the host's loopback only, and ranks on different hosts need to reach each other's peer
-   ports), the same GPU device requests, then agent.py copied in;
+   ports), the same GPU device requests, then the agent's zipapp copied in;
 2. addresses: the rendezvous endpoint (``--rendezvous``, else the first host's inventory address
    and ``umprov_rendezvous_port``; a loopback inventory address, as in the lab, is replaced by
    the first host's own address seen from its container) and each host's local address (the
    one that routes to the rendezvous);
 3. run: ``python -m torch.distributed.run`` per host with ``--rdzv-backend c10d``; each rank is
-   agent.py ``--child multinode`` and writes JSON lines (events) to a file per rank;
+   the agent ``--child multinode`` and writes JSON lines (events) to a file per rank;
 4. collect the event files and judge here (exact values, bus bandwidth against
    ``umprov_internode_busbw_gbps``);
 5. always (success, failure, Ctrl-C): remove every throwaway container, which ends torchrun.
@@ -28,8 +28,8 @@ import json
 import secrets
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from umprov.errors import ConfigError, UmprovError
@@ -38,22 +38,14 @@ from umprov.hosts.engine import engine_error, exec_in, tar_files
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress, quiet
 from umprov.inventory import flag
-from umprov.verify.agent import (
-    AGENT_VERSION,
-    DEFAULT_RATIOS,
-    MULTICAST_OFF,
-    SCHEMA,
-    SCHEMA_VERSION,
-    exit_code_for,
-    record,
-    worst,
-)
+from umprov.verify.agent.runner import MULTICAST_OFF
+from umprov.verify.bundle import AGENT_NAME
+from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 from umprov.verify.report import UNREACHABLE
 
 LABEL = "org.umprov.multinode"
 DEFAULT_RDZV_PORT = 29400
 WORKDIR = "/tmp/umprov-mn"  # noqa: S108 (inside the throwaway container)
-MODE = "multi-node"
 NCCL_VARS = {
     "umprov_nccl_socket_ifname": ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
     "umprov_nccl_ib_hca": ("NCCL_IB_HCA",),
@@ -136,7 +128,8 @@ def node_env(host_vars: Mapping[str, Any], route_ifname: str | None = None) -> d
 def torchrun_command(*, python: str, agent: str, nnodes: int, nproc: int, endpoint: str,
                      rdzv_id: str, join_timeout: float, local_addr: str | None,
                      is_host: bool | None, opts_path: str, out_prefix: str) -> list[str]:
-    """PyTorch's own launcher, c10d rendezvous, no restarts; each rank is agent.py."""
+    """PyTorch's own launcher, c10d rendezvous, no restarts; each rank is the agent (its
+    zipapp, which torchrun runs as its script)."""
     conf = [f"join_timeout={int(join_timeout)}", f"read_timeout={int(join_timeout)}",
             f"last_call_timeout={max(1, min(30, int(join_timeout) // 4))}"]
     if is_host is not None:
@@ -165,207 +158,6 @@ def nproc_for(backend: str, gpus: int, override: int | None) -> int:
     if override:
         return override
     return 1 if backend == "gloo" else gpus
-
-
-def parse_events(text: str) -> list[dict]:
-    events = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            obj = json.loads(line)
-            if isinstance(obj, dict):
-                events.append(obj)
-    return events
-
-
-@dataclass
-class HostRun:
-    """What happened on one host; filled in by the orchestration (or by a test)."""
-
-    name: str
-    vars: Mapping[str, Any] = field(default_factory=dict)
-    stage: str = "pending"  # pending, prepared, launched, finished, or the stage that failed
-    error: str = ""  # why the host could not take part (set: it did not join)
-    hint: str = "investigate"
-    nproc: int = 0
-    image: str = ""
-    container: str = ""
-    local_addr: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    rc: int | None = None  # torchrun's exit code; None: killed at the deadline or not run
-    output: str = ""
-    ranks: dict[int, list[dict]] = field(default_factory=dict)  # rank -> its events
-    prepare_s: float = 0.0
-    launched_at: float | None = None  # time.time() when torchrun was started
-    finished_at: float | None = None
-
-
-def _first(evs: Sequence[dict], kind: str, **match: Any) -> dict | None:
-    for ev in evs:
-        if ev.get("ev") == kind and all(ev.get(k) == v for k, v in match.items()):
-            return ev
-    return None
-
-
-def _tail(text: str, lines: int = 3) -> str:
-    keep = [ln.strip() for ln in text.strip().splitlines() if ln.strip()
-            and "NumPy" not in ln and "_conversion_method_template" not in ln]
-    return " | ".join(keep[-lines:])[:400]
-
-
-def judge_busbw(measured: float | None, expected: float | None, backend: str,
-                ratios: tuple[float, float] = DEFAULT_RATIOS) -> tuple[str, float | None, str]:
-    """(verdict, pass limit, why) for the inter-node bus bandwidth."""
-    if measured is None:
-        return "fail", None, "no measurement"
-    if backend == "gloo":
-        return "skip", None, "not judged (gloo on CPU: the code path only)"
-    if expected is None:
-        return "skip", None, "not judged (no umprov_internode_busbw_gbps)"
-    ok, warn = ratios
-    if measured >= expected * ok:
-        return "pass", round(expected * ok, 3), ""
-    if measured >= expected * warn:
-        return "warn", round(expected * ok, 3), f"below {ok:g} x expected {expected:g}"
-    return "fail", round(expected * ok, 3), f"below {warn:g} x expected {expected:g}"
-
-
-def host_reports(runs: Sequence[HostRun], *, backend: str, endpoint: str | None, rdzv_id: str,
-                 timeout: float, wall_s: float, expected_busbw: float | None = None) -> list[dict]:
-    """One host document (schema umprov.verify.host) per host, mode "multi-node"."""
-    missing = [r.name for r in runs if r.error]
-    # Launched but never joined: those that waited at the rendezvous until its timeout, and
-    # those that could not take part at all (no store connection, a crash): the latter are the
-    # hosts that did not join.
-    unjoined = [r for r in runs if not r.error and r.stage not in ("pending", "prepared")
-                and not any(_first(e, "joined") for e in r.ranks.values())]
-    missing += [r.name for r in unjoined if not _waited(r)]
-    world = sum(r.nproc for r in runs)
-    docs = []
-    for node, run in enumerate(runs):
-        recs: list[dict] = []
-
-        def rec(check: str, verdict: str, _recs: list[dict] = recs, **kw: Any) -> None:
-            _recs.append(record("host", "host", check, verdict, **kw))
-
-        facts: dict[str, Any] = {
-            "backend": backend, "rendezvous": endpoint, "rdzv_id": rdzv_id, "node": node,
-            "nnodes": len(runs), "nproc_per_node": run.nproc, "world_size": world,
-            "image": run.image, "container": run.container, "network_mode": "host",
-            "local_addr": run.local_addr, "env": dict(run.env), "torchrun_rc": run.rc,
-            "timings": timings(run),
-        }
-        if run.error:
-            rec("multinode.join", "fail", hint=run.hint, reason="error",
-                detail=f"did not join: {run.error}")
-        elif run.stage in ("pending", "prepared"):
-            others = ", ".join(missing) or "another host"
-            rec("multinode.join", "skip", detail=f"ready, but the job did not start: {others} "
-                f"did not join")
-        else:
-            _judge_ran(run, rec, facts, backend=backend, timeout=timeout, world=world,
-                       missing=missing, expected_busbw=expected_busbw)
-        verdict = worst(r["verdict"] for r in recs)
-        summary = {v: sum(1 for r in recs if r["verdict"] == v)
-                   for v in ("pass", "warn", "fail", "skip")}
-        docs.append({
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "agent_version": AGENT_VERSION,
-            "host": run.name, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "wall_s": round(wall_s, 2), "mode": MODE, "verdict": verdict,
-            "exit_code": exit_code_for(verdict), "profile": "internode", "summary": summary,
-            "facts": facts, "records": recs,
-        })
-    return docs
-
-
-def _judge_ran(run: HostRun, rec: Callable[..., None], facts: dict[str, Any], *, backend: str,
-               timeout: float, world: int, missing: list[str],
-               expected_busbw: float | None) -> None:
-    evs = [ev for rank in sorted(run.ranks) for ev in run.ranks[rank]]
-    joined = [r for r, e in run.ranks.items() if _first(e, "joined")]
-    why = f"torchrun exited with code {run.rc}" if run.rc is not None else (
-        f"torchrun did not finish within its deadline ({timeout:.0f} s per stage)")
-    tail = _tail(run.output)
-    if not joined:
-        others = [m for m in missing if m != run.name]
-        if _waited(run) and others:
-            rec("multinode.join", "skip", detail=f"waited at the rendezvous for {timeout:.0f} s; "
-                f"the job did not start: {', '.join(others)} did not join")
-            return
-        if _waited(run):
-            rec("multinode.join", "fail", hint="config", reason="timeout",
-                detail=f"did not join within {timeout:.0f} s: the rendezvous timed out with "
-                "every host waiting (check the addresses, ports and firewalls between hosts)")
-            return
-        if "RendezvousConnectionError" in run.output or "DistNetworkError" in run.output:
-            rec("multinode.join", "fail", hint="config", reason="error",
-                detail=f"did not join: cannot reach the rendezvous store: {why}"
-                + (f": {tail}" if tail else ""))
-            return
-        rec("multinode.join", "fail", hint="investigate",
-            reason="timeout" if run.rc is None else "error",
-            detail=f"did not join: {why}" + (f": {tail}" if tail else ""))
-        return
-    first = min(joined)
-    j = _first(run.ranks[first], "joined") or {}
-    ranks = sorted(run.ranks)
-    facts["torch"] = j.get("torch")
-    if j.get("nccl"):
-        facts["nccl"] = j["nccl"]
-    rec("multinode.join", "pass", measured=j.get("init_s"), unit="s",
-        detail=f"ranks {ranks[0]}-{ranks[-1]} of {world} joined "
-        f"(process group init {j.get('init_s')} s)")
-    for check, what in (("multinode.all_reduce", "all_reduce sum"),
-                        ("multinode.all_gather", "all_gather")):
-        ev = _first(evs, "check", check=check)
-        if ev is None:
-            rec(check, "fail", hint="investigate", reason="timeout" if run.rc is None else "error",
-                detail=f"no result: {why}" + (f": {tail}" if tail else ""))
-            continue
-        bad = int(ev.get("wrong", -1))
-        rec(check, "pass" if bad == 0 else "fail", measured=bad, unit="wrong elements", limit=0,
-            hint="isolate", detail=f"{what} of {ev.get('elements')} float32 per rank over "
-            f"{ev.get('world')} ranks, exact integers")
-    bw = _first(evs, "busbw")
-    if bw is None:
-        rec("multinode.busbw", "fail", hint="investigate", reason="error",
-            detail=f"no measurement: {why}")
-    else:
-        measured = bw.get("busbw")
-        verdict, limit, note = judge_busbw(measured, expected_busbw, backend)
-        size = int(bw.get("bytes", 0))
-        rec("multinode.busbw", verdict, measured=measured, unit="GB/s", limit=limit,
-            expected=expected_busbw, hint="reseat",
-            detail=(f"{note}; " if note else "") + f"all_reduce float32 {size / (1 << 20):.0f} "
-            f"MiB x{bw.get('reps')} over {world} ranks, algbw {bw.get('algbw')} GB/s")
-    if run.rc != 0:  # the ranks' results stand; a torchrun that did not end cleanly fails too
-        rec("multinode.exit", "fail", hint="investigate",
-            reason="timeout" if run.rc is None else "error",
-            detail=why + (f": {tail}" if tail else ""))
-
-
-def _waited(run: HostRun) -> bool:
-    """torchrun on this host reached the rendezvous and gave up waiting for the others."""
-    return "RendezvousTimeoutError" in run.output
-
-
-def timings(run: HostRun) -> dict[str, float | None]:
-    """Where the time went on a host: container start and copy, torchrun start-up until the
-    ranks run, rendezvous and process-group init, collectives."""
-    evs = [ev for rank in sorted(run.ranks) for ev in run.ranks[rank]]
-    started = [e["at"] for e in evs if e.get("ev") == "started" and "at" in e]
-    joined = [e["at"] for e in evs if e.get("ev") == "joined" and "at" in e]
-    coll = [e.get("seconds") for e in evs if e.get("ev") == "collectives"]
-    out: dict[str, float | None] = {"container_s": round(run.prepare_s, 2), "startup_s": None,
-                                    "rendezvous_s": None, "collectives_s": None, "torchrun_s": None}
-    if run.launched_at and started:
-        out["startup_s"] = round(max(started) - run.launched_at, 2)
-    if started and joined:
-        out["rendezvous_s"] = round(max(joined) - max(started), 2)
-    if coll:
-        out["collectives_s"] = max(c for c in coll if c is not None)
-    if run.launched_at and run.finished_at:
-        out["torchrun_s"] = round(run.finished_at - run.launched_at, 2)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +242,7 @@ def _failed(st: _Host, stage: str, why: str, hint: str = "investigate") -> None:
 
 def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
     from umprov.hosts.engine import docker_client
-    from umprov.verify.remote import AGENT_PATH
+    from umprov.verify.bundle import agent_zipapp
 
     t0 = time.monotonic()
     name = st.run.name
@@ -486,11 +278,11 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     rc, out = exec_in(st.container, ["mkdir", "-p", WORKDIR], 60)
     worker = json.dumps(opts.worker_opts()).encode()
     if rc != 0 or not st.container.put_archive(
-            WORKDIR, tar_files({"agent.py": AGENT_PATH.read_bytes(), "opts.json": worker})):
+            WORKDIR, tar_files({AGENT_NAME: agent_zipapp().read_bytes(), "opts.json": worker})):
         return _failed(st, "container", f"cannot copy the agent: {out.strip()[:200]}")
     probe = ("PY=$(command -v python3 || command -v python) || exit 98; echo \"PY=$PY\"; "
              "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | grep -c '^GPU ' || "
-             "echo 0; \"$PY\" " + WORKDIR + "/agent.py --net-info")
+             "echo 0; \"$PY\" " + f"{WORKDIR}/{AGENT_NAME} --net-info")
     rc, out = exec_in(st.container, ["sh", "-c", probe], 60)
     if rc is None or rc == 98 or not out.strip():
         return _failed(st, "container", "no python in the image" if rc == 98 else
@@ -529,7 +321,7 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
 
     def launch(st: _Host) -> None:
         run = st.run
-        rc, out = exec_in(st.container, [st.python, f"{WORKDIR}/agent.py", "--net-info",
+        rc, out = exec_in(st.container, [st.python, f"{WORKDIR}/{AGENT_NAME}", "--net-info",
                                        rdzv_host], 60)
         with contextlib.suppress(ValueError):
             st.net = json.loads(out.strip().splitlines()[-1]) if rc == 0 else st.net
@@ -538,7 +330,7 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
         run.local_addr = route.get("ip") if is_loopback(addr) else addr
         run.env = node_env(run.vars, route.get("ifname"))
         cmd = torchrun_command(
-            python=st.python, agent=f"{WORKDIR}/agent.py", nnodes=len(states), nproc=run.nproc,
+            python=st.python, agent=f"{WORKDIR}/{AGENT_NAME}", nnodes=len(states), nproc=run.nproc,
             endpoint=endpoint, rdzv_id=run_id, join_timeout=opts.timeout,
             local_addr=run.local_addr, is_host=st is states[0] and not opts.rendezvous,
             opts_path=f"{WORKDIR}/opts.json", out_prefix=f"{WORKDIR}/rank")

@@ -1,9 +1,10 @@
 """Per-model verification profiles: expected figures and the pass/warn ratios applied to them.
 
-The built-in profiles are data inside the agent (``agent.BUILTIN_PROFILES``): the agent runs
-alone inside containers and must carry them. This module is the control-machine side: it loads
-an override file (YAML or JSON), validates it with one-line ConfigErrors, and writes the JSON
-document the agent takes with ``--profile-file``. The override format::
+The built-in profiles are data inside the agent (umprov/verify/agent/profiles.json): the agent
+runs alone inside containers and must carry them. This module is the control-machine side: it
+reads a user's override file (YAML, JSON being YAML too), checks it with the agent's own rules
+(``check_document``: one set of rules on both sides) as one-line ConfigErrors, and writes the
+JSON document the agent takes with ``--profile-file``. The override format::
 
     profile: h200-sxm            # optional: use this profile instead of detecting by GPU name
     profiles:
@@ -27,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError
-from umprov.verify.agent import (
+from umprov.verify.agent.profiles import (
     BUILTIN_PROFILES,
     LIMITS,
     METRICS,
+    check_document,
     judge,
     merge_profiles,
     select_profile,
@@ -67,20 +69,10 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"profile file {path}:{where} not valid YAML") from None
     except (ValueError, RecursionError) as exc:  # a number too long to build; nesting too deep
         raise ConfigError(f"profile file {path}: cannot load: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"profile file {path}: must be a mapping with 'profiles' and/or "
-                          "'profile'")
-    unknown = set(data) - {"profiles", "profile"}
-    if unknown:
-        raise ConfigError(f"profile file {path}: unknown key {sorted(unknown, key=str)[0]!r:.60} "
-                          "(expected 'profiles' and/or 'profile')")
     try:
-        merge_profiles(BUILTIN_PROFILES, data)
+        return check_document(data)  # the agent's own rules
     except ValueError as exc:
         raise ConfigError(f"profile file {path}: {exc}") from None
-    return data
 
 
 def resolve(overrides: dict[str, Any] | None = None) -> dict[str, dict]:
@@ -93,7 +85,7 @@ def resolve(overrides: dict[str, Any] | None = None) -> dict[str, dict]:
 
 def write_agent_profile(path: Path, overrides: dict[str, Any], *,
                         force: str | None = None) -> Path:
-    """The JSON document for ``agent.py --profile-file`` (overrides plus a forced profile)."""
+    """The JSON document for the agent's ``--profile-file`` (overrides plus a forced profile)."""
     doc: dict[str, Any] = {"profiles": overrides.get("profiles") or {}}
     chosen = force or overrides.get("profile")
     if chosen:

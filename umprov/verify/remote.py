@@ -1,6 +1,6 @@
 """Running the agent inside containers through the docker SDK, and over an inventory.
 
-``run_agent_in_container`` is the unit: copy agent.py (and the profile JSON) in with
+``run_agent_in_container`` is the unit: copy the agent's zipapp (and the profile JSON) in with
 put_archive, run it with exec_run under a deadline, read its JSON report back with
 get_archive. ``verify_hosts`` does that on every inventory host in parallel, each over
 ``umprov.hosts.engine.docker_client`` (verified host keys), in the deployed container or in a
@@ -16,16 +16,14 @@ import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from umprov.errors import Cancelled, UmprovError, Unreachable
 from umprov.hosts.engine import exec_in, tar_files, untar_one
 from umprov.hosts.fanout import Parallel
 from umprov.hosts.progress import Progress, quiet
+from umprov.verify.bundle import AGENT_NAME, agent_zipapp
 from umprov.verify.report import UNREACHABLE, checked, failed_host_report
-
-AGENT_PATH = Path(__file__).with_name("agent.py")
 
 
 def run_agent_in_container(
@@ -52,7 +50,7 @@ def run_agent_in_container(
     name = host or getattr(container, "name", "container")
     run_id = secrets.token_hex(4)
     workdir = f"/tmp/umprov-verify-{run_id}"  # noqa: S108 (inside the container)
-    files = {"agent.py": AGENT_PATH.read_bytes()}
+    files = {AGENT_NAME: agent_zipapp().read_bytes()}
     agent_args = [*args]
     if profile is not None:
         files["profile.json"] = json.dumps(profile).encode()
@@ -72,7 +70,7 @@ def run_agent_in_container(
         "PY=$(command -v python3 || command -v python) || { echo 'no python in the container'; "
         "exit 98; }; "
         f"T=''; command -v timeout >/dev/null 2>&1 && T='timeout -k 10 {limit}'; "
-        f'$T "$PY" agent.py --quiet --json {report} {quoted}'
+        f'$T "$PY" {AGENT_NAME} --quiet --json {report} {quoted}'
     )
     try:
         rc, out = exec_in(container, ["sh", "-c", script], timeout + 30, cancel=cancel)

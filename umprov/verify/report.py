@@ -1,19 +1,10 @@
-"""The verify report: its versioned JSON schema, verdicts, exit codes and renderers.
+"""The verify report: the run document, exit codes and renderers.
 
-One document per host (``schema: umprov.verify.host``, ``schema_version: 1``), produced by the
-agent (umprov/verify/agent.py, which defines the record shape) or, for a host the agent could
-not run on, by ``failed_host_report``. ``umprov verify --json`` prints a run document
-(``schema: umprov.verify.run``) holding the host documents. Each record::
-
-    scope     host | gpu | pair
-    target    "host", "gpu3", or "gpu0-gpu5" for a pair (gpu/peer hold the indices)
-    check     dotted name, e.g. managed.prefetch_vs_pinned, nccl.busbw_1g, nccl.send_recv
-    measured  number, string, bool or null;  unit: string or null
-    limit     the pass limit (null: informational), expected: the profile's value or null
-    verdict   pass | warn | fail | skip;  hint: reboot | reset | isolate | ... (warn/fail only)
-    detail    one line for people;  reason: null, or error | timeout | crash
-
-Renderers: a terminal table (stderr), JUnit XML, and a node_exporter textfile.
+One document per host (``schema: umprov.verify.host``, ``schema_version: 1``; its shape, the
+record fields and ``validate`` live with the agent in umprov/verify/agent/schema.py), produced
+by the agent or, for a host the agent could not run on, by ``failed_host_report``. ``umprov
+verify --json`` prints a run document (``schema: umprov.verify.run``) holding the host
+documents. Renderers: a terminal table (stderr), JUnit XML, and a node_exporter textfile.
 """
 
 from __future__ import annotations
@@ -26,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ExitCode
-from umprov.verify.agent import (
-    AGENT_VERSION,
-    HINTS,
-    SCHEMA,
+from umprov.verify.agent.schema import (
     SCHEMA_VERSION,
-    SCOPES,
     VERDICTS,
+    exit_code_for,
+    host_report,
     record,
+    validate,
     worst,
 )
 
@@ -41,104 +31,12 @@ RUN_SCHEMA = "umprov.verify.run"
 PROM_FILE = "umprov_verify.prom"
 VERDICT_CODE = {"pass": 0, "warn": 1, "fail": 2, "skip": 3}
 
-_RECORD_FIELDS: dict[str, tuple[type, ...]] = {
-    "scope": (str,),
-    "target": (str,),
-    "gpu": (int, type(None)),
-    "peer": (int, type(None)),
-    "check": (str,),
-    "measured": (int, float, str, bool, type(None)),
-    "unit": (str, type(None)),
-    "limit": (int, float, type(None)),
-    "expected": (int, float, type(None)),
-    "verdict": (str,),
-    "hint": (str, type(None)),
-    "detail": (str,),
-    "reason": (str, type(None)),
-}
-_DOC_FIELDS: dict[str, tuple[type, ...]] = {
-    "schema": (str,),
-    "schema_version": (int,),
-    "agent_version": (str,),
-    "host": (str,),
-    "started": (str,),
-    "wall_s": (int, float),
-    "mode": (str,),
-    "verdict": (str,),
-    "exit_code": (int,),
-    "profile": (str,),
-    "summary": (dict,),
-    "facts": (dict,),
-    "records": (list,),
-}
-
-
-def validate(doc: Any) -> list[str]:
-    """Problems with a host document against schema version 1; empty when it is valid."""
-    if not isinstance(doc, dict):
-        return ["the report is not a JSON object"]
-    problems = []
-    for key, types in _DOC_FIELDS.items():
-        if key not in doc:
-            problems.append(f"missing field {key}")
-        elif not isinstance(doc[key], types) or (isinstance(doc[key], bool) and bool not in types):
-            problems.append(f"field {key} has type {type(doc[key]).__name__}")
-    if problems:
-        return problems
-    if doc["schema"] != SCHEMA:
-        problems.append(f"schema is {doc['schema']!r}, not {SCHEMA!r}")
-    if doc["schema_version"] != SCHEMA_VERSION:
-        problems.append(f"schema_version {doc['schema_version']} is not {SCHEMA_VERSION}")
-    if doc["verdict"] not in VERDICTS:
-        problems.append(f"verdict {doc['verdict']!r} is not one of {VERDICTS}")
-    for i, rec in enumerate(doc["records"]):
-        problems += [f"records[{i}]: {p}" for p in validate_record(rec)]
-    if not problems and doc["records"] and doc["verdict"] != worst(
-        r["verdict"] for r in doc["records"]
-    ):
-        problems.append("verdict does not match the records")
-    return problems
-
-
-def validate_record(rec: Any) -> list[str]:
-    if not isinstance(rec, dict):
-        return ["not an object"]
-    problems = []
-    for key, types in _RECORD_FIELDS.items():
-        if key not in rec:
-            problems.append(f"missing field {key}")
-        elif not isinstance(rec[key], types):
-            problems.append(f"field {key} has type {type(rec[key]).__name__}")
-    if problems:
-        return problems
-    if rec["scope"] not in SCOPES:
-        problems.append(f"scope {rec['scope']!r}")
-    if rec["verdict"] not in VERDICTS:
-        problems.append(f"verdict {rec['verdict']!r}")
-    if rec["hint"] is not None and rec["hint"] not in HINTS:
-        problems.append(f"hint {rec['hint']!r}")
-    return problems
-
 
 def failed_host_report(host: str, check: str, detail: str, *, hint: str = "investigate",
                        reason: str | None = "error", mode: str = "full") -> dict:
     """A host document for a host the agent never ran on (unreachable, no container...)."""
     rec = record("host", "host", check, "fail", detail=detail, hint=hint, reason=reason)
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "agent_version": AGENT_VERSION,
-        "host": host,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "wall_s": 0.0,
-        "mode": mode,
-        "verdict": "fail",
-        "exit_code": int(ExitCode.VERIFY_FAIL),
-        "profile": "none",
-        "summary": {"pass": 0, "warn": 0, "fail": 1, "skip": 0},
-        "facts": {},
-        "records": [rec],
-    }
+    return host_report(host, [rec], mode=mode, profile="none")
 
 
 def checked(doc: Any, host: str) -> dict:
@@ -152,10 +50,8 @@ def checked(doc: Any, host: str) -> dict:
 
 
 def exit_code(verdict: str) -> ExitCode:
-    return {
-        "pass": ExitCode.OK,
-        "warn": ExitCode.VERIFY_WARN,
-    }.get(verdict, ExitCode.VERIFY_FAIL)
+    """The agent's verdict -> exit code mapping, as umprov's ExitCode."""
+    return ExitCode(exit_code_for(verdict))
 
 
 def run_verdict(docs: Sequence[dict]) -> str:

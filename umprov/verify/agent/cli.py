@@ -1,0 +1,142 @@
+"""The agent's command line (``python3 agent.pyz ARGS``), and the entry of its own children."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from .profiles import BUILTIN_PROFILES
+from .runner import DEFAULT_TIMEOUT, Emitter
+from .schema import EXIT_USAGE
+
+DESCRIPTION = "umprov's GPU verification agent: standard library and torch only."
+
+
+def prog_name() -> str:
+    """The name users typed: agent.pyz (or whatever the zipapp is called), else the module."""
+    base = os.path.basename(sys.argv[0] or "")
+    return base if base and base != "__main__.py" else "python3 -m umprov.verify.agent"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog_name(), description=DESCRIPTION)
+    p.add_argument("--json", metavar="OUT", help="write the JSON report here ('-': stdout)")
+    p.add_argument("--quick", action="store_true", help="fast subset (seconds)")
+    p.add_argument("--expected-gpus", type=int, metavar="N", help="fail with fewer GPUs than N")
+    p.add_argument("--profile-file", metavar="F", help="profile overrides (JSON, or YAML)")
+    p.add_argument("--profile", metavar="NAME", help="use this profile instead of detecting")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"per child process (default {DEFAULT_TIMEOUT:.0f})")
+    p.add_argument("--managed-mib", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true", help="no summary on stderr")
+    p.add_argument("--list-profiles", action="store_true", help="print the profiles as JSON")
+    # internal: how the agent starts its own children
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--child-opts", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--device", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--net-info", nargs="?", const="", metavar="TARGET", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def summary_lines(doc: dict) -> list[str]:
+    lines = []
+    for r in doc["records"]:
+        if r["verdict"] in ("warn", "fail"):
+            unit = f" {r['unit']}" if r["unit"] else ""
+            m = "" if r["measured"] is None else f" {r['measured']}{unit}"
+            lines.append(f"  {r['verdict'].upper():4} {r['target']:12} {r['check']}:{m} "
+                         f"{r['detail']}")
+    s = doc["summary"]
+    lines.append(f"umprov verify agent: {doc['verdict']} ({s['fail']} fail, {s['warn']} warn, "
+                 f"{s['pass']} pass, {s['skip']} skip) in {doc['wall_s']:.1f} s, profile "
+                 f"{doc['profile']}")
+    return lines
+
+
+def child_main(args: argparse.Namespace) -> int:
+    with open(args.child_opts) as fh:
+        opts = json.load(fh)
+    kind = args.child
+    name = {"gpu": f"gpu{args.device}", "nccl": f"nccl{args.rank}"}.get(kind, kind)
+    out = args.child_out
+    if kind == "multinode":  # one file per rank: torchrun starts them all with the same argv
+        out = f"{out}.{os.environ.get('RANK', '0')}"
+    em = Emitter(out, name)
+    try:
+        if kind == "discover":
+            from .discover import child_discover
+
+            child_discover(em, opts)
+        elif kind == "gpu":
+            from .gpu import child_gpu
+
+            child_gpu(em, opts, int(args.device))
+        elif kind == "nccl":
+            from .nccl import child_nccl
+
+            child_nccl(em, opts, int(args.rank))
+        elif kind == "multinode":
+            from .multinode import child_multinode
+
+            child_multinode(em, opts)
+        else:
+            raise ValueError(f"unknown child {kind}")
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        em.fh.flush()
+        os._exit(1)
+    em.fh.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter and CUDA teardown: the parent only needs the file
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    if args.net_info is not None:
+        from .multinode import net_info
+
+        print(json.dumps(net_info(args.net_info or None)))
+        return 0
+    if args.list_profiles:
+        print(json.dumps(BUILTIN_PROFILES, indent=2))
+        return 0
+    prog = prog_name()
+    if not args.json:
+        print(f"{prog}: --json OUT is required", file=sys.stderr)
+        return EXIT_USAGE
+    if args.timeout <= 0 or (args.expected_gpus is not None and args.expected_gpus < 0):
+        print(f"{prog}: --timeout must be > 0 and --expected-gpus >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    from .host import Agent
+
+    try:
+        agent = Agent(args)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: profile: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    doc = agent.run()
+    write_report(args.json, doc)
+    if not args.quiet:
+        print("\n".join(summary_lines(doc)), file=sys.stderr)
+    return int(doc["exit_code"])
+
+
+def write_report(path: str, doc: dict) -> None:
+    """To stdout ('-'), else whole or not at all (a temporary file, then a rename)."""
+    text = json.dumps(doc, indent=2, default=str)
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,237 @@
+"""The per-GPU child: compute checked against the CPU, GEMM rate, HBM and pinned-copy
+bandwidth; then NVML health (health.py) and managed memory (managed.py) on the same GPU."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .discover import device_identity
+from .health import gpu_health
+from .managed import ManagedTests
+from .nvml import Nvml
+from .profiles import select_profile
+from .runner import Emitter, GiB, HostLinkLock, MiB, device_lock, guarded
+from .schema import figure, record
+
+
+def _elapsed(torch: Any, fn: Any, iters: int, warmup: int = 1) -> float:
+    """Seconds per call of fn on the current stream, by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0 / iters
+
+
+class GpuChild:
+    def __init__(self, em: Emitter, dev: int, opts: dict) -> None:
+        import torch
+
+        self.torch = torch
+        self.em = em
+        self.dev = dev
+        self.opts = opts
+        self.quick = bool(opts.get("quick"))
+        self.tgt = f"gpu{dev}"
+        self.lock = opts.get("lock")
+        torch.cuda.set_device(dev)
+        self.device = torch.device("cuda", dev)
+        info = device_identity(torch, dev)
+        # Each GPU is judged by its own model's profile (a mixed host stays right).
+        self.profile = select_profile(opts["profiles"], info["name"], opts.get("forced"))
+        em.facts(profile=self.profile["name"])
+        self.uuid, self.pci = info.get("uuid"), info.get("pci_bus_id")
+        self.dev_lock = device_lock(opts, dev)
+        self.nv = Nvml()
+        self.samples: list[dict] = []
+        self.figures: dict[str, float] = {}
+
+    def rec(self, check: str, verdict: str, **kw: Any) -> None:
+        self.em.record(record("gpu", self.tgt, check, verdict, **kw))
+
+    def fig(self, check: str, measured: float | None, metric: str, **kw: Any) -> None:
+        self.em.record(figure("gpu", self.tgt, check, measured, metric, self.profile, **kw))
+
+    def sample(self) -> None:
+        if self.nv.kind != "none":
+            s = self.nv.sample(self.uuid, self.pci, self.dev)
+            if s:
+                self.samples.append(s)
+
+    def run(self) -> None:
+        g = self.guard
+        g("gpu.smoke_kernel", self.smoke)
+        g("gpu.gemm_fp32_exact", self.gemm_fp32_exact)
+        g("gpu.gemm_bf16_checked", self.gemm_bf16_checked)
+        g("gpu.gemm_bf16_rate", self.gemm_rate)  # NVML is sampled during this burst
+        g("gpu.health", self.health)
+        if not self.quick:
+            g("gpu.hbm_copy", self.hbm_copy)
+            g("gpu.pinned_copy", self.pinned_copy)
+        g("managed.setup", self.managed)
+        self.em.done()
+
+    def guard(self, check: str, fn: Any) -> Any:
+        return guarded(self.em, "gpu", self.tgt, check, fn)
+
+    # -- basic compute
+    def smoke(self) -> None:
+        torch = self.torch
+        t0 = time.perf_counter()
+        n = 1 << 24
+        x = torch.arange(n, device=self.device, dtype=torch.int64)
+        y = (x * 3 + 1) % 1000003
+        total = int(y.sum().item())
+        # the modulus makes a closed form awkward: the CPU computes the reference
+        expected = int(((torch.arange(n, dtype=torch.int64) * 3 + 1) % 1000003).sum())
+        ok = total == expected
+        ms = (time.perf_counter() - t0) * 1000
+        self.rec("gpu.smoke_kernel", "pass" if ok else "fail", measured=ok,
+                 detail=f"elementwise + reduction over {n} int64, {ms:.0f} ms"
+                 + ("" if ok else f"; got {total}, expected {expected}"), hint="reset")
+
+    def _int_mats(self, m: int, k: int, n: int) -> tuple[Any, Any, Any]:
+        torch = self.torch
+        gen = torch.Generator().manual_seed(1234 + self.dev)
+        a = torch.randint(-3, 4, (m, k), generator=gen).float()
+        b = torch.randint(-3, 4, (k, n), generator=gen).float()
+        # Small integers: every product and partial sum is exact in fp32 (< 2**24).
+        return a, b, a @ b
+
+    def gemm_fp32_exact(self) -> None:
+        torch = self.torch
+        size = 1024 if self.quick else 2048
+        a, b, ref = self._int_mats(size, size, size)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        got = (a.to(self.device) @ b.to(self.device)).cpu()
+        bad = int((got != ref).sum())
+        self.rec("gpu.gemm_fp32_exact", "pass" if bad == 0 else "fail", measured=bad,
+                 unit="wrong elements", limit=0,
+                 detail=f"{size}^3 fp32 on integer data vs CPU reference, must be exact",
+                 hint="isolate")
+
+    def gemm_bf16_checked(self) -> None:
+        torch = self.torch
+        size = 1024 if self.quick else 2048
+        a, b, ref = self._int_mats(size, size, size)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        got = (a.to(self.device, torch.bfloat16) @ b.to(self.device, torch.bfloat16)).float().cpu()
+        want = ref.to(torch.bfloat16).float()  # one rounding of the exact sum
+        rel = ((got - want).abs() / want.abs().clamp(min=1.0)).max().item()
+        exact = int((got != want).sum())
+        ok = rel <= 2.0 ** -7  # at most one bf16 rounding step apart
+        self.rec("gpu.gemm_bf16_checked", "pass" if ok else "fail", measured=round(rel, 6),
+                 unit="max rel error", limit=2.0 ** -7,
+                 detail=f"{size}^3 bf16 on integer data vs CPU reference; "
+                 f"{exact} elements not bit-identical", hint="isolate")
+
+    def gemm_rate(self) -> None:
+        torch = self.torch
+        size = 4096 if self.quick else 8192
+        iters = 30 if self.quick else 50
+        gen = torch.Generator(device=self.device).manual_seed(7)
+        a = torch.randn(size, size, device=self.device, dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(size, size, device=self.device, dtype=torch.bfloat16, generator=gen)
+        first = a @ b
+        out = torch.empty_like(first)
+        for _ in range(3):
+            torch.mm(a, b, out=out)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with HostLinkLock(self.dev_lock):
+            start.record()
+            for _ in range(iters):
+                torch.mm(a, b, out=out)
+            end.record()
+            # NVML while the burst runs: link state, throttle reasons, clocks, temperature.
+            for _ in range(3):
+                time.sleep(0.02)
+                self.sample()
+            end.synchronize()
+        secs = start.elapsed_time(end) / 1000.0
+        tflops = 2 * size**3 * iters / secs / 1e12
+        self.figures["bf16_tflops"] = tflops
+        self.fig("gpu.gemm_bf16_rate", tflops, "bf16_tflops", judged=not self.quick,
+                 detail=f"{size}^3 bf16 x{iters}", hint="power")
+        same = bool(torch.equal(first, out))
+        self.rec("gpu.gemm_repeatable", "pass" if same else "fail", measured=same,
+                 detail="first and last of identical bf16 GEMMs are bit-identical"
+                 if same else "identical GEMMs gave different bits: unstable GPU", hint="isolate")
+
+    # -- NVML health
+    def health(self) -> None:
+        gpu_health(self)
+
+    # -- bandwidth
+    def hbm_copy(self) -> None:
+        torch = self.torch
+        free, _total = torch.cuda.mem_get_info(self.dev)
+        n = int(min(2 * GiB, free * 0.04)) // MiB * MiB
+        src = torch.empty(n, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        with HostLinkLock(self.dev_lock):
+            # best of three short rounds: a health figure, robust to a moment of interference
+            secs = min(_elapsed(torch, lambda: dst.copy_(src), iters=7, warmup=1)
+                       for _ in range(3))
+        gbps = 2 * n / secs / 1e9  # bytes read + written
+        self.figures["hbm_copy_gbps"] = gbps
+        self.fig("gpu.hbm_copy", gbps, "hbm_copy_gbps", hint="reset",
+                 detail=f"{n // MiB} MiB device-to-device copy, read + write counted")
+
+    def pinned_copy(self) -> None:
+        torch = self.torch
+        free, _ = torch.cuda.mem_get_info(self.dev)
+        n = int(min(GiB, free * 0.02)) // MiB * MiB
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)
+        devbuf = torch.empty(n, dtype=torch.uint8, device=self.device)
+        with HostLinkLock(self.lock):
+            def h2d() -> None:
+                devbuf.copy_(host, non_blocking=True)
+
+            for _ in range(2):
+                h2d()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(8):
+                h2d()
+            end.record()
+            time.sleep(0.03)
+            self.sample()  # PCIe link state while data crosses it
+            end.synchronize()
+            up = n * 8 / (start.elapsed_time(end) / 1000) / 1e9
+            down_s = _elapsed(torch, lambda: host.copy_(devbuf, non_blocking=True), iters=8,
+                              warmup=2)
+            down = n / down_s / 1e9
+        self.figures["h2d_gbps"], self.figures["d2h_gbps"] = up, down
+        self.fig("pcie.h2d_pinned", up, "h2d_gbps", hint="reseat",
+                 detail=f"{n // MiB} MiB pinned host-to-device")
+        self.fig("pcie.d2h_pinned", down, "d2h_gbps", hint="reseat",
+                 detail=f"{n // MiB} MiB pinned device-to-host")
+
+    # -- managed memory
+    def managed(self) -> None:
+        ManagedTests(self).run()
+
+
+
+def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
+    em.start("gpu.init", f"gpu{dev}")
+    import torch
+
+    em.event("mark", what="torch imported")
+    if dev >= torch.cuda.device_count():  # started on a guess that was too high
+        em.event("absent", device=dev)
+        em.done()
+        return
+    GpuChild(em, dev, opts).run()
+
+

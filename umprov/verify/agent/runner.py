@@ -1,0 +1,276 @@
+"""Child processes: how they are started, what they report, and their deadlines.
+
+The agent's own process never touches a GPU. Each child is this agent started again (its
+zipapp, or its package with ``-m``) with ``--child KIND``; it appends JSON lines to a file (a
+start marker before each check, then its record), so a child killed at its deadline still
+leaves the checks it finished and names the one that hung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .schema import record
+
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+DEFAULT_TIMEOUT = 120.0
+GiB = 1 << 30
+MiB = 1 << 20
+_T0 = time.monotonic()
+
+
+def self_command() -> list[str]:
+    """The command that starts this agent again: its zipapp when it runs from one (torchrun
+    and docker exec start it so), else its package as a module (``python -m``)."""
+    archive = getattr(__loader__, "archive", None)  # zipimport's loader names the archive
+    if archive:
+        return [sys.executable, os.path.abspath(archive)]
+    return [sys.executable, "-m", __name__.rpartition(".")[0]]
+
+
+class Emitter:
+    """What a child tells the parent: JSON lines, flushed one by one (survives a kill)."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.kind = kind
+        self.fh = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the child)
+
+    def _write(self, obj: dict) -> None:
+        obj["t"] = round(time.monotonic() - _T0, 3)  # seconds since the child started
+        self.fh.write(json.dumps(obj, default=str) + "\n")
+        self.fh.flush()
+
+    def start(self, check: str, target: str) -> None:
+        self._write({"ev": "start", "check": check, "target": target})
+
+    def record(self, rec: dict) -> None:
+        self._write({"ev": "record", "record": rec})
+
+    def facts(self, **facts: Any) -> None:
+        self._write({"ev": "facts", "facts": facts})
+
+    def event(self, ev: str, **data: Any) -> None:
+        self._write({"ev": ev, **data})
+
+    def done(self) -> None:
+        self._write({"ev": "done"})
+
+
+def guarded(em: Emitter, scope: str, target: str, check: str, fn: Any, *args: Any) -> Any:
+    """Run one check; an exception becomes a failing record naming it."""
+    em.start(check, target)
+    try:
+        return fn(*args)
+    except Exception as exc:  # any error in a check is its result, not the agent's crash
+        text = f"{type(exc).__name__}: {exc}"
+        hint = "reset" if "CUDA" in text or "cuda" in text else "investigate"
+        em.record(record(scope, target, check, "fail", detail=text[:500], hint=hint,
+                         reason="error"))
+        return None
+
+
+def child_env(extra: dict[str, str] | None = None, threads: int | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in MULTICAST_OFF.items():
+        env.setdefault(key, value)  # set where absent; a value already there is left alone
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if threads:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    if extra:
+        env.update(extra)
+    return env
+
+
+class HostLinkLock:
+    """A flock: serialises timed host<->GPU transfers across the per-GPU children, and (one
+    file per GPU) keeps other children's GPU work out of a GPU's timed device checks."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.fh: Any = None
+
+    def __enter__(self) -> HostLinkLock:
+        if self.path:
+            import fcntl
+
+            self.fh = open(self.path, "a")  # noqa: SIM115
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fh is not None:
+            self.fh.close()  # closing releases the lock
+            self.fh = None
+
+
+def device_lock(opts: dict, dev: int) -> str | None:
+    """The lock file of one GPU's timed checks, beside the host-link lock."""
+    lock = opts.get("lock")
+    return os.path.join(os.path.dirname(lock), f"gpu{dev}.lock") if lock else None
+
+
+class Child:
+    """One child process with a deadline; killed with its process group when late."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], timeout: float,
+                 workdir: str, target: str = "host", check: str | None = None) -> None:
+        self.name = name
+        self.target = target
+        self.check = check or name
+        self.timeout = timeout
+        self.out_path = os.path.join(workdir, f"{name}.jsonl")
+        self.err_path = os.path.join(workdir, f"{name}.err")
+        with open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(  # noqa: S603 (our own agent, our interpreter)
+                [*argv, "--child-out", self.out_path],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.timed_out = False
+        self.rc: int | None = None
+        self.ended: float | None = None
+
+    def poll(self) -> bool:
+        if self.rc is not None:
+            return True
+        rc = self.proc.poll()
+        if rc is not None:
+            self.rc = rc
+            self.ended = time.monotonic()
+            return True
+        if time.monotonic() > self.deadline:
+            self.kill()
+            self.timed_out = True
+            return True
+        return False
+
+    def wall(self) -> float:
+        return round((self.ended or time.monotonic()) - self.started, 2)
+
+    def wait_for(self, ev: str) -> dict | None:
+        """Block until the child writes an event of this kind (or ends); that event or None."""
+        while True:
+            for e in self.events():
+                if e.get("ev") == ev:
+                    return e
+            if self.poll():
+                for e in self.events():
+                    if e.get("ev") == ev:
+                        return e
+                return None
+            time.sleep(0.02)
+
+    def timeline(self) -> list[list[Any]]:
+        """[check, seconds] for each check that took a noticeable time."""
+        out = []
+        prev: dict | None = None
+        for e in self.events():
+            if prev is not None and prev.get("ev") == "start" and "t" in e:
+                secs = e["t"] - prev["t"]
+                if secs >= 0.05:
+                    out.append([f"{prev['target']}:{prev['check']}", round(secs, 2)])
+            if e.get("ev") in ("start", "record", "done", "facts", "mark"):
+                prev = e
+        return out
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        try:
+            self.rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (D state): leave it
+            self.rc = -9
+        self.ended = time.monotonic()
+
+    def events(self) -> list[dict]:
+        out = []
+        with contextlib.suppress(OSError), open(self.out_path) as fh:
+            for line in fh:
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def stderr_tail(self) -> str:
+        try:
+            with open(self.err_path, "rb") as fh:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - 4000))
+                lines = fh.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        useful = [ln.strip() for ln in lines if ln.strip() and "Warning" not in ln]
+        return useful[-1][:300] if useful else ""
+
+    def outcome(self) -> tuple[list[dict], dict, list[dict]]:
+        """(records, facts, other events); a missing 'done' becomes a failing record."""
+        records: list[dict] = []
+        facts: dict = {}
+        other: list[dict] = []
+        last_start: dict | None = None
+        done = False
+        for ev in self.events():
+            kind = ev.get("ev")
+            if kind == "start":
+                last_start = ev
+            elif kind == "record":
+                records.append(ev["record"])
+                last_start = None
+            elif kind == "facts":
+                facts.update(ev.get("facts", {}))
+            elif kind == "done":
+                done = True
+            elif kind != "mark":
+                other.append(ev)
+        if not done:
+            records.append(self._unfinished(last_start or {}))
+        return records, facts, other
+
+    def _unfinished(self, last_start: dict) -> dict:
+        """The failing record of a child that did not finish: the check it had started."""
+        check = last_start.get("check", self.check)
+        target = last_start.get("target", self.target)
+        scope = "pair" if "-gpu" in target else ("gpu" if target.startswith("gpu") else "host")
+        if self.timed_out:
+            return record(
+                scope, target, check, "fail", hint="reset", reason="timeout",
+                detail=f"timeout: no result within {self.timeout:.0f} s; child process "
+                f"{self.name} was killed (a hung GPU or driver call)",
+            )
+        return record(
+            scope, target, check, "fail", hint="investigate", reason="crash",
+            detail=f"child process {self.name} exited with code {self.rc} before "
+            f"finishing: {self.stderr_tail() or 'no output'}",
+        )
+
+
+def wait_all(children: list[Child], groups: list[list[Child]] | None = None) -> None:
+    """Wait for every child; a group (NCCL ranks) dies together when one member fails."""
+    groups = groups or []
+    while True:
+        pending = [c for c in children if not c.poll()]
+        for group in groups:
+            failed = [c for c in group if c.rc is not None and (c.rc != 0 or c.timed_out)]
+            if failed:
+                # Peers of a dead rank wait for it forever: give them a short grace only.
+                for c in group:
+                    if c.rc is None:
+                        c.deadline = min(c.deadline, time.monotonic() + 10)
+        if not pending:
+            return
+        time.sleep(0.05)
