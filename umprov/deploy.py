@@ -234,7 +234,7 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     name = opts.name or str(hv.get("umprov_container_name") or DEFAULT_NAME)
     if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name):
         raise ConfigError(f"{host.name}: container name {name!r} is not valid")
-    raise_limits = not bool(hv.get("umprov_lab"))
+    raise_limits = bool(hv.get("umprov_container_limits", True))
     return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits)
 
 

@@ -16,7 +16,6 @@ Two flavours of the one Dockerfile:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -35,11 +34,6 @@ Progress = Callable[[str], None]
 
 DEFAULT_BASE = "pytorch/pytorch:2.9.0-cuda12.8-cudnn9-runtime"
 DEFAULT_TAG = f"umprov/pytorch-cuda:{__version__}"
-LAB_TAG = f"umprov/pytorch-cuda:{__version__}-lab"
-# The CPU torch wheel the lab image carries (overridable: UMPROV_LAB_TORCH_WHEEL, --torch-wheel).
-LAB_TORCH_WHEEL = os.environ.get(
-    "UMPROV_LAB_TORCH_WHEEL", "/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-)
 # What the official image runs on (Ubuntu 22.04, conda Python 3.11), used when the base image
 # is not on this machine to ask.
 DEFAULT_PYTHON = "3.11"
@@ -235,7 +229,6 @@ def build(
     *,
     base: str,
     tag: str,
-    lab: bool,
     torch_wheel: Path | None = None,
     python: str | None = None,
     progress: Progress = _quiet,
@@ -244,8 +237,6 @@ def build(
     from docker.errors import APIError
 
     started = time.monotonic()
-    if lab and torch_wheel is None:
-        torch_wheel = Path(LAB_TORCH_WHEEL)
     target = probe_base(client, base)
     if target is None:
         target = Target(python=python or DEFAULT_PYTHON, glibc=DEFAULT_GLIBC)

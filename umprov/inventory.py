@@ -43,7 +43,8 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
     "umprov_nccl_debug": ("str", "NCCL_DEBUG level recorded in verify reports"),
     "umprov_rendezvous_port": ("int", "torchrun rendezvous port on the first host"),
     "umprov_internode_busbw_gbps": ("float", "expected inter-node all_reduce bus bandwidth"),
-    "umprov_lab": ("bool", "set on hosts of the local lab (simulated, no GPU)"),
+    "umprov_container_limits": ("bool", "raise the container's memlock and stack ulimits for "
+                                "NCCL (needs CAP_SYS_RESOURCE on the host; default true)"),
 }
 
 # Prefixes that mark a variable as umprov's: umprov_ plus each role's name.

@@ -81,7 +81,7 @@ def test_trust_needs_an_address_or_inventory(umprov_cli):
 def test_image_build_help(umprov_cli):
     result = umprov_cli("image", "build", "--help")
     assert result.exit_code == 0
-    assert "--base" in result.stdout and "--tag" in result.stdout and "--lab" in result.stdout
+    assert "--base" in result.stdout and "--tag" in result.stdout and "--torch-wheel" in result.stdout
 
 
 def test_image_requirements_and_platforms():

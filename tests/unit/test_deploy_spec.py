@@ -80,7 +80,7 @@ def test_settings_precedence_cli_over_vars_over_defaults():
     s = deploy.settings_for(host, deploy.DeployOptions(image="cli:img", ssh_port=2400, gpus="0"))
     assert (s.image, s.ssh_port, s.gpus) == ("cli:img", 2400, ["0"])
     assert s.raise_limits is True
-    lab = deploy.settings_for(FakeHost(vars={"umprov_lab": True}), deploy.DeployOptions(image="i"))
+    lab = deploy.settings_for(FakeHost(vars={"umprov_container_limits": False}), deploy.DeployOptions(image="i"))
     assert lab.raise_limits is False and lab.gpus == "all" and lab.bind == "127.0.0.1"
 
 

@@ -183,7 +183,7 @@ def yaml_texts(draw: st.DrawFn) -> str:
 ini_tokens = st.one_of(
     st.sampled_from(["ansible_host=10.0.0.1", "ansible_port=22", "ansible_port=²",
                      f"ansible_port={HUGE}", "ansible_port=-1", "umprov_gpus=0,1",
-                     "umprov_expected_gpus=x", "umprov_bogus=1", "umprov_lab=maybe", "=",
+                     "umprov_expected_gpus=x", "umprov_bogus=1", "umprov_container_limits=maybe", "=",
                      "a=b=c", "ansible_host=", '"unterminated', "umprov_ssh_port=1e3"]),
     st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12),
 )

@@ -329,7 +329,7 @@ class _FakeClient:
 
 class _H:
     def __init__(self, name: str, address: str = "127.0.0.1", **hv: object) -> None:
-        self.name, self.address, self.port, self.vars = name, address, 22, {"umprov_lab": True,
+        self.name, self.address, self.port, self.vars = name, address, 22, {"umprov_container_limits": False,
                                                                             **hv}
 
 

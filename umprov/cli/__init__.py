@@ -8,6 +8,7 @@ command functions, so ``umprov --help`` stays fast.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import signal
@@ -31,8 +32,19 @@ COMMANDS: dict[str, str] = {
     "trust": "umprov.cli.trust:trust",
     "image": "umprov.cli.image:image",
     "inventory": "umprov.cli.inventory:inventory",
-    "lab": "umprov.cli.lab:lab",
 }
+# Other installed distributions add commands as entry points of this group
+# (name = "module:attribute"); listed after COMMANDS and, like them, imported only when used.
+PLUGIN_GROUP = "umprov.commands"
+
+
+@functools.cache
+def plugin_commands() -> dict[str, str]:
+    """name -> "module:attribute" for each plugin command that does not shadow a built-in."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
+    return {name: found[name] for name in sorted(found) if name not in COMMANDS}
 
 
 class LazyGroup(click.Group):
@@ -43,11 +55,12 @@ class LazyGroup(click.Group):
         self._lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*self._lazy, *sorted(super().list_commands(ctx))]
+        return [*self._lazy, *plugin_commands(), *sorted(super().list_commands(ctx))]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self._lazy:
-            module_name, attr = self._lazy[cmd_name].split(":")
+        target = self._lazy.get(cmd_name) or plugin_commands().get(cmd_name)
+        if target:
+            module_name, attr = target.split(":")
             return getattr(importlib.import_module(module_name), attr)
         return super().get_command(ctx, cmd_name)
 

@@ -113,9 +113,16 @@ def deploy(
     hosts = list(load_inventory(inventory).select(limit))
     local_client = None
     if opts.delivery == "push":
-        from umprov.lab import docker_engine
+        import docker
+        from docker.errors import DockerException
 
-        local_client = docker_engine(start=False)
+        from umprov.errors import EnvironmentProblem
+
+        try:
+            local_client = docker.from_env(timeout=300)
+            local_client.ping()
+        except DockerException as exc:
+            raise EnvironmentProblem(f"no Docker engine answers: {exc}") from None
 
     from umprov.cli._progress import HostProgress
     from umprov.deploy import deploy as run_deploy

@@ -16,11 +16,10 @@ def image() -> None:
 
 @image.command()
 @click.option("--base", metavar="IMAGE", help="Base image (default: the official PyTorch CUDA "
-              "runtime image; with --lab: the lab's Debian 12 host image).")
+              "runtime image).")
 @click.option("--tag", metavar="TAG", help="Tag for the built image.")
-@click.option("--lab", is_flag=True, help="Build for the lab: Debian 12 base, CPU torch wheel.")
 @click.option("--torch-wheel", type=click.Path(dir_okay=False, path_type=Path),
-              help="torch wheel to carry in the context (default for --lab: the CPU wheel).")
+              help="torch wheel to carry in the context (for a base without torch).")
 @click.option("--python", "python_version", metavar="X.Y",
               help="Python of the base, when the base is not on the engine to ask.")
 @click.option("--host", metavar="HOST", help="Build on this inventory host's engine (over SSH).")
@@ -32,7 +31,6 @@ def image() -> None:
 def build(
     base: str | None,
     tag: str | None,
-    lab: bool,
     torch_wheel: Path | None,
     python_version: str | None,
     host: str | None,
@@ -44,18 +42,13 @@ def build(
 
     \b
     umprov image build                      # official PyTorch 2.9 CUDA 12.8 base
-    umprov image build --lab                # the lab's Debian 12 base with a CPU torch
     umprov image build --host gpu1 -i hosts # build on a host's engine instead
     """
     from umprov import image as image_mod
     from umprov.errors import ConfigError
 
-    if lab and base is None:
-        from umprov.lab import recipe_tag
-
-        base = recipe_tag()
     base = base or image_mod.DEFAULT_BASE
-    tag = tag or (image_mod.LAB_TAG if lab else image_mod.DEFAULT_TAG)
+    tag = tag or image_mod.DEFAULT_TAG
     if host:
         from umprov.inventory import load_inventory
         from umprov.ssh import docker_client
@@ -66,13 +59,20 @@ def build(
         client = docker_client(hosts[0], trust_new=trust_new_hosts)
         where = hosts[0].name
     else:
-        from umprov.lab import docker_engine
+        import docker
+        from docker.errors import DockerException
 
-        client = docker_engine(start=False)
+        from umprov.errors import EnvironmentProblem
+
+        try:
+            client = docker.from_env(timeout=300)
+            client.ping()
+        except DockerException as exc:
+            raise EnvironmentProblem(f"no Docker engine answers: {exc}") from None
         where = "the local engine"
     say(f"building on {where}")
     result = image_mod.build(
-        client, base=base, tag=tag, lab=lab, torch_wheel=torch_wheel,
+        client, base=base, tag=tag, torch_wheel=torch_wheel,
         python=python_version, progress=say,
     )
     if as_json:

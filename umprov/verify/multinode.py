@@ -509,7 +509,7 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     progress(name, "starting a host-network container")
     kwargs = container_kwargs(deployed.image.id, f"umprov-mn-{run_id[7:]}", run_id,
                               deployed.attrs.get("HostConfig") or {},
-                              lab=bool(st.run.vars.get("umprov_lab")))
+                              lab=not st.run.vars.get("umprov_container_limits", True))
     try:
         st.container = st.client.containers.run(**kwargs)
     except Exception as exc:
