@@ -1,5 +1,6 @@
-"""The lab's files shipped as package data: the host set-up script (host/) and the stand-in
-packages' contents (repo/). Some hold ``@NAME@`` placeholders, filled in when they are used."""
+"""The lab's files shipped as package data: the host set-up script (host/), the registry's
+configuration, the stand-in packages' contents (repo/). Some hold ``@NAME@`` placeholders,
+filled in when they are used."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from umprov.errors import EnvironmentProblem
 from umprov.paths import write_atomic, write_private
+from umprov_lab import data
 from umprov_lab.hosts import pick_port
 from umprov_lab.layout import (
     LABEL,
@@ -33,24 +34,6 @@ from umprov_lab.layout import (
 REGISTRY_PORT = 5000
 REGISTRY_BINARY = "docker-registry"  # Debian's package of distribution/registry v2
 CERT_DAYS = 365
-
-CONFIG = """\
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: /var/lib/registry
-  delete:
-    enabled: true
-http:
-  addr: :5000
-  tls:
-    certificate: /etc/umprov-registry/server.crt
-    key: /etc/umprov-registry/server.key
-"""
 
 
 @dataclass
@@ -170,7 +153,7 @@ def ensure_registry(
     if remade:
         changes.append("made the lab registry's CA and certificate")
     config = tls_dir / "config.yml"
-    if write_if_changed(config, CONFIG):
+    if write_if_changed(config, data.read("registry_config.yml")):
         changes.append(f"wrote {config}")
     try:
         container = client.containers.get(server)
