@@ -20,10 +20,11 @@ help:
 	@echo "make bench      benchmarks (bench/README.md)"
 	@echo "make lab-up / lab-down"
 
-$(BIN)/umprov: pyproject.toml
+# umprov and its lab, a distribution of its own (lab/) that adds `umprov lab` as a plugin.
+$(BIN)/umprov: pyproject.toml lab/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./lab
 	@# The verifier's CPU self-tests (gloo) want torch. Only a CPU wheel already on disk is used:
 	@# a plain `pip install torch` would download a multi-GB CUDA build.
 	@w=$$(ls /opt/wheels/torch-*+cpu-cp3*-*.whl 2>/dev/null | grep "cp$$($(BIN)/python -c 'import sys;print(f"{sys.version_info[0]}{sys.version_info[1]}")')-" | head -n1); \
@@ -41,7 +42,7 @@ demo: sysdeps venv
 	$(UMPROV) lab up --name $(LAB) --hosts $(HOSTS)
 	$(UMPROV) inventory check lab/$(LAB)
 	$(UMPROV) provision lab/$(LAB)
-	$(UMPROV) image build --lab
+	$(UMPROV) lab image
 	$(UMPROV) deploy lab/$(LAB) --push --authorized-key .lab/$(LAB)/id_ed25519.pub
 	$(UMPROV) status lab/$(LAB)
 	@if [ -f umprov/cli/verify.py ]; then \

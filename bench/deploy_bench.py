@@ -310,7 +310,7 @@ def main() -> int:
     ensure_docker(lab)
     if sh(["docker", "image", "inspect", args.image]).returncode != 0:
         print(f"building {args.image}", file=sys.stderr)
-        umprov("image", "build", "--lab", "--tag", args.image)
+        umprov("lab", "image", "--tag", args.image)
     size = int(sh(["docker", "image", "inspect", "-f", "{{.Size}}", args.image]).stdout.strip())
     inv = lab["inventory"]
     pub = str(Path(lab["key_file"]).with_suffix(".pub"))

@@ -128,7 +128,7 @@ def main() -> int:
         pub = str(Path(lab["key_file"]).with_suffix(".pub"))
         if subprocess.run(["docker", "image", "inspect", args.image],
                           capture_output=True, check=False).returncode:
-            run("image build", "image", "build", "--lab", "--tag", args.image)
+            run("lab image", "lab", "image", "--tag", args.image)
 
         only = ["--only", args.only] if args.only else []
         prov, prov_err, t_prov = run("provision", "provision", inv, *only, ok=(0, 10, 11))

@@ -59,7 +59,7 @@ def main() -> int:
     try:
         inv = lab["inventory"]
         _, prov_s = umprov("provision", inv, "--only", "docker")
-        _, build_s = umprov("image", "build", "--lab", "--tag", TAG)
+        _, build_s = umprov("lab", "image", "--tag", TAG)
         pub = str(Path(lab["key_file"]).with_suffix(".pub"))
         _, deploy_s = umprov("deploy", inv, "--image", TAG, "--authorized-key", pub, "--push")
         runs = []

@@ -30,7 +30,7 @@ def _project_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def docker_client():
-    from umprov.lab import docker_engine
+    from umprov_lab.engine import docker_engine
 
     return docker_engine()
 

@@ -1,4 +1,4 @@
-"""`umprov image build --lab` + `umprov deploy --push` against two lab hosts, end to end.
+"""`umprov lab image` + `umprov deploy --push` against two lab hosts, end to end.
 
 Real OpenSSH and Jupyter clients against the deployed containers; faults: unknown and changed
 host keys, Docker stopped on one host, a port taken, a nonexistent image.
@@ -57,7 +57,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     data = json.loads(up.stdout)
     key, known = Path(data["key_file"]), Path(data["known_hosts"])
     _ensure_docker(data["inventory"])
-    built = cli("image", "build", "--lab", "--tag", TAG, "--json")
+    built = cli("lab", "image", "--tag", TAG, "--json")
     assert built.exit_code == 0, built.stderr
     LAB.update(
         inventory=Path(data["inventory"]), key=key, known_hosts=known, hosts=data["hosts"],

@@ -401,7 +401,7 @@ def deploy(*extra: str) -> Umprov:
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    built = cli("image", "build", "--lab", "--tag", TAG, "--json")
+    built = cli("lab", "image", "--tag", TAG, "--json")
     assert built.exit_code == 0, built.stderr
     return json.loads(built.stdout)["image_id"]
 

@@ -132,7 +132,8 @@ def test_status_lists_the_hosts(lab_up, umprov_module_cli):
 
 
 def test_down_leaves_only_the_cached_image(lab_up, umprov_module_cli, docker_client):
-    from umprov.lab import LABEL, inventory_path, lab_dir, recipe_tag
+    from umprov_lab.host_image import recipe_tag
+    from umprov_lab.layout import LABEL, inventory_path, lab_dir
 
     result = umprov_module_cli("lab", "down", "--name", NAME, "--json")
     assert result.exit_code == 0, result.stderr

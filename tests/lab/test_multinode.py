@@ -40,7 +40,7 @@ def lab() -> Iterator[dict[str, Any]]:
         inventory = data["inventory"]
         prov = cli("provision", inventory, "--only", "docker", "--json")
         assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
-        built = cli("image", "build", "--lab", "--tag", TAG, "--json")
+        built = cli("lab", "image", "--tag", TAG, "--json")
         assert built.exit_code == 0, built.stderr
         pub = Path(data["key_file"]).with_suffix(".pub")
         dep = cli("deploy", inventory, "--image", TAG, "--authorized-key", str(pub), "--push",

@@ -489,7 +489,7 @@ def test_a_second_source_with_another_key_is_taken_back_naming_it(faults_lab: La
     """Hosts set up from a vendor's guide (cuda-keyring, Docker's docs) already name the
     repository with their own keyring: adding the role's source beside it would make apt refuse
     every source. The role takes its source back and names the other one; apt keeps working."""
-    from umprov.lab import lab_role_vars
+    from umprov_lab.inventory import lab_role_vars
 
     host = faults_lab.hosts[3]
     url = lab_role_vars(FAULTS)["nvidia_container_toolkit_repo_url"]

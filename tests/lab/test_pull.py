@@ -52,7 +52,7 @@ def lab(docker_client: Any) -> Iterator[dict[str, Any]]:
     # Docker and the registry's CA on the hosts, through the docker_engine role.
     provisioned = cli("provision", data["inventory"], "--only", "docker", "--json")
     assert provisioned.exit_code == 0, provisioned.stdout[-2000:] + provisioned.stderr[-2000:]
-    built = cli("image", "build", "--lab", "--tag", LOCAL_TAG, "--json")
+    built = cli("lab", "image", "--tag", LOCAL_TAG, "--json")
     assert built.exit_code == 0, built.stderr
     image_id = json.loads(built.stdout)["image_id"]
     # Into the registry from this machine, over its loopback port.

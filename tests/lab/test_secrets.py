@@ -3,7 +3,7 @@
 One lab (`secsweep`, 4 hosts) runs the flow `make demo` runs, each step a real `umprov` process
 with a private UMPROV_STATE_DIR and canary secrets in its environment and on its command line
 (`provision -e ansible_become_password=...`): lab up, inventory check, provision (the full
-site.yml), image build --lab (skipped when the tag is already on the engine, as the image is the
+site.yml), lab image (skipped when the tag is already on the engine, as the image is the
 same), deploy --push, a second deploy, status, status --connect and verify. stdout and stderr of
 each are kept. The first deploy and one status run with stderr on a pseudo-terminal, so what
 rich draws (live progress, tables) is swept as well as the plain text that CI logs show
@@ -236,7 +236,7 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         f.umprov("provision", "provision", inv, "--json", "-e",
                  f"ansible_become_password={BECOME_CANARY}")
         if subprocess.run(["docker", "image", "inspect", TAG], capture_output=True).returncode:
-            f.umprov("image-build", "image", "build", "--lab", "--tag", TAG, "--json")
+            f.umprov("lab-image", "lab", "image", "--tag", TAG, "--json")
         f.umprov("deploy-push", "deploy", inv, "--push", "--image", TAG, "--authorized-key", pub,
                  "--json", tty=True)
         f.umprov("deploy-again", "deploy", inv, "--image", TAG, "--authorized-key", pub, "--json")
@@ -333,7 +333,7 @@ def key_secret(label: str, private_pem: str, public_texts: list[str]) -> Secret:
 
 
 def _lab_host_private_keys(flow: Flow) -> list[Secret]:
-    from umprov.lab import docker_engine
+    from umprov_lab.engine import docker_engine
 
     client = docker_engine(start=False)
     found = []

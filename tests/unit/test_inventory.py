@@ -203,7 +203,7 @@ def test_select_by_name_group_and_glob(tmp_path, roles_dir):
 def test_project_roles_define_every_lab_variable():
     """The lab's generated inventory must pass the real project's validation."""
     from umprov.inventory import variable_specs
-    from umprov.lab import lab_role_vars
+    from umprov_lab.inventory import lab_role_vars
 
     specs = variable_specs()
     for name in lab_role_vars("demo"):

@@ -6,24 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from umprov import lab
 from umprov.errors import EnvironmentProblem
+from umprov_lab import engine
 
 
 @pytest.fixture
 def inotify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(lab, "INOTIFY_DIR", tmp_path)
+    monkeypatch.setattr(engine, "INOTIFY_DIR", tmp_path)
     (tmp_path / "max_user_instances").write_text("128\n")
     (tmp_path / "max_user_watches").write_text("999999\n")
     return tmp_path
 
 
 def test_low_limit_is_raised_and_high_one_kept(inotify: Path) -> None:
-    changes = lab.ensure_inotify_limits()
+    changes = engine.ensure_inotify_limits()
     assert (inotify / "max_user_instances").read_text().strip() == "8192"
     assert (inotify / "max_user_watches").read_text().strip() == "999999"
     assert changes == ["raised fs.inotify.max_user_instances to 8192"]
-    assert lab.ensure_inotify_limits() == []
+    assert engine.ensure_inotify_limits() == []
 
 
 def test_limit_that_cannot_be_raised_names_the_sysctl(
@@ -34,4 +34,4 @@ def test_limit_that_cannot_be_raised_names_the_sysctl(
 
     monkeypatch.setattr(Path, "write_text", refuse)
     with pytest.raises(EnvironmentProblem, match=r"sysctl -w fs.inotify.max_user_instances=8192"):
-        lab.ensure_inotify_limits()
+        engine.ensure_inotify_limits()

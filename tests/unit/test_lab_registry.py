@@ -7,7 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from umprov import lab, lab_registry
+from umprov_lab import registry
+from umprov_lab.hosts import LabHost
+from umprov_lab.inventory import render_inventory
 
 
 def test_tls_material_verifies_for_the_registry_name(tmp_path: Path) -> None:
@@ -15,8 +17,8 @@ def test_tls_material_verifies_for_the_registry_name(tmp_path: Path) -> None:
 
     host = "umprov-lab-t-registry"
     folder = tmp_path / "registry"
-    assert lab_registry.ensure_tls(folder, host) is True
-    assert lab_registry.ensure_tls(folder, host) is False  # kept while valid
+    assert registry.ensure_tls(folder, host) is True
+    assert registry.ensure_tls(folder, host) is False  # kept while valid
     assert oct((folder / "server.key").stat().st_mode & 0o777) == "0o600"
     assert not list(folder.glob("ca.key*"))  # the CA's key is never written
     cert = x509.load_pem_x509_certificate((folder / "server.crt").read_bytes())
@@ -28,20 +30,18 @@ def test_tls_material_verifies_for_the_registry_name(tmp_path: Path) -> None:
     context = ssl.create_default_context(cafile=str(folder / "ca.crt"))
     assert context.cert_store_stats()["x509_ca"] == 1
     # Another name: remade.
-    assert lab_registry.ensure_tls(folder, "umprov-lab-u-registry") is True
+    assert registry.ensure_tls(folder, "umprov-lab-u-registry") is True
 
 
-def test_inventory_gives_the_hosts_the_registry_ca(tmp_path: Path, monkeypatch) -> None:
-    # umprov.image no longer names the lab's image tag; the lab (moving out) defines its own.
-    monkeypatch.setattr(lab, "lab_image_tag", lambda: "umprov/pytorch-cuda:test-lab")
-    lab_registry.ensure_tls(tmp_path, "umprov-lab-t-registry")
-    reg = lab_registry.LabRegistry("umprov-lab-t-registry:5000", "127.0.0.1:22250",
-                                   tmp_path / "ca.crt", "umprov-lab-t-registry")
-    hosts = [lab.LabHost("lab-t-1", "umprov-lab-t-1", 22201, "running")]
-    text = lab.render_inventory("t", hosts, tmp_path / "key", tmp_path / "kh", reg)
+def test_inventory_gives_the_hosts_the_registry_ca(tmp_path: Path) -> None:
+    registry.ensure_tls(tmp_path, "umprov-lab-t-registry")
+    reg = registry.LabRegistry("umprov-lab-t-registry:5000", "127.0.0.1:22250",
+                               tmp_path / "ca.crt", "umprov-lab-t-registry")
+    hosts = [LabHost("lab-t-1", "umprov-lab-t-1", 22201, "running")]
+    text = render_inventory("t", hosts, tmp_path / "key", tmp_path / "kh", reg)
     group_vars = yaml.safe_load(text)["all"]["children"]["gpu_hosts"]["vars"]
     certs = group_vars["docker_engine_registry_ca_certs"]
     assert certs == [{"registry": "umprov-lab-t-registry:5000",
                       "certificate": (tmp_path / "ca.crt").read_text()}]
-    plain = lab.render_inventory("t", hosts, tmp_path / "key", tmp_path / "kh")
+    plain = render_inventory("t", hosts, tmp_path / "key", tmp_path / "kh")
     assert "docker_engine_registry_ca_certs" not in plain

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from umprov import lab_repo
+from umprov_lab import stand_in_repo
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("dpkg-deb", "gpg", "gpgv", "dpkg")),
@@ -34,7 +34,7 @@ def _stanzas(packages_file: Path) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> dict:
     base = tmp_path_factory.mktemp("labrepo")
-    return lab_repo.build_stand_in_repo(base / "repo", key_dir=base / "key")
+    return stand_in_repo.build_stand_in_repo(base / "repo", key_dir=base / "key")
 
 
 @pytest.mark.parametrize("which", ["cuda_repo", "toolkit_repo"])
@@ -150,7 +150,7 @@ def test_stand_in_tools_behave_honestly(repo: dict, tmp_path: Path) -> None:
 
 
 def test_role_variables_point_at_served_folders(repo: dict) -> None:
-    variables = lab_repo.role_variables("http://lab-repo:8000/", repo)
+    variables = stand_in_repo.role_variables("http://lab-repo:8000/", repo)
     assert variables["nvidia_driver_cuda_repo_url"] == (
         "http://lab-repo:8000/compute/cuda/repos/debian12/x86_64/")
     assert variables["nvidia_container_toolkit_repo_url"].endswith(
@@ -159,10 +159,23 @@ def test_role_variables_point_at_served_folders(repo: dict) -> None:
 
 
 def test_rebuild_keeps_the_same_key(tmp_path: Path) -> None:
-    first = lab_repo.build_stand_in_repo(tmp_path / "a", key_dir=tmp_path / "key",
-                                         driver_versions=("580.95.05-1",),
-                                         toolkit_versions=("1.17.8-1",))
-    second = lab_repo.build_stand_in_repo(tmp_path / "a", key_dir=tmp_path / "key",
-                                          driver_versions=("580.95.05-1",),
-                                          toolkit_versions=("1.17.8-1",))
+    first = stand_in_repo.build_stand_in_repo(tmp_path / "a", key_dir=tmp_path / "key",
+                                              driver_versions=("580.95.05-1",),
+                                              toolkit_versions=("1.17.8-1",))
+    second = stand_in_repo.build_stand_in_repo(tmp_path / "a", key_dir=tmp_path / "key",
+                                               driver_versions=("580.95.05-1",),
+                                               toolkit_versions=("1.17.8-1",))
     assert first["fingerprint"] == second["fingerprint"]
+
+
+def test_lab_inventory_names_the_folders_the_build_made(repo: dict) -> None:
+    """One architecture everywhere: the URLs a lab inventory holds lead to signed folders."""
+    from umprov_lab.inventory import lab_role_vars
+
+    variables = lab_role_vars("t")
+    base = stand_in_repo.repo_url("t") + "/"
+    for key in ("nvidia_driver_cuda_repo_url", "nvidia_container_toolkit_repo_url"):
+        assert variables[key].startswith(base), variables[key]
+        assert (repo["root"] / variables[key].removeprefix(base) / "InRelease").is_file(), key
+    assert variables["nvidia_driver_cuda_repo_key_url"] == base + "umprov-lab.asc"
+    assert (repo["root"] / "umprov-lab.asc").is_file()

@@ -3,7 +3,7 @@
 Each command lives in its own module, imported only when that command (or its help) is
 needed; heavy libraries (ansible, ansible_runner, docker, paramiko, rich) are imported inside
 command functions, so ``umprov --help`` stays fast. Other distributions add commands through
-the entry point group ``umprov.commands`` (the lab: ``lab = "umprov_lab.cli:lab"``), loaded
+the entry point group ``umprov.commands`` (the lab registers ``lab`` there), loaded
 only when that command runs or its own help is asked for.
 """
 

@@ -1,6 +1,11 @@
-"""`umprov lab up|status|down`: the local lab of simulated GPU hosts."""
+"""`umprov lab up|status|down|image`: the local lab of simulated GPU hosts.
+
+umprov finds this group through the entry point group ``umprov.commands``; only click and
+umprov's output helpers load with it, so `umprov --help` stays fast."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -34,7 +39,7 @@ def up(count: int, name: str, registry: bool, as_json: bool) -> int:
       umprov inventory check inventory/lab/default.yml
       umprov lab up --registry      # then: docker push 127.0.0.1:PORT/IMAGE, deploy --pull
     """
-    from umprov import lab as lab_mod
+    from umprov_lab import lab as lab_mod
 
     result = lab_mod.up(name, count, progress=say, registry=registry)
     if as_json:
@@ -57,7 +62,7 @@ def up(count: int, name: str, registry: bool, as_json: bool) -> int:
 @json_option
 def status(name: str | None, as_json: bool) -> int:
     """Show lab hosts and their state."""
-    from umprov import lab as lab_mod
+    from umprov_lab import lab as lab_mod
 
     rows = lab_mod.status(name)
     if as_json:
@@ -76,7 +81,7 @@ def status(name: str | None, as_json: bool) -> int:
 @json_option
 def down(name: str, purge: bool, as_json: bool) -> int:
     """Remove a lab's containers, volumes, network, inventory and keys."""
-    from umprov import lab as lab_mod
+    from umprov_lab import lab as lab_mod
 
     removed = lab_mod.down(name, purge=purge, progress=say)
     if as_json:
@@ -86,5 +91,38 @@ def down(name: str, purge: bool, as_json: bool) -> int:
             f"lab '{name}': removed {len(removed)} item(s)"
             if removed
             else f"lab '{name}': nothing to remove"
+        )
+    return 0
+
+
+@lab.command("image")
+@click.option("--tag", metavar="TAG", help="Tag for the built image (default: the one lab "
+              "inventories name, umprov/pytorch-cuda:VERSION-lab).")
+@click.option("--torch-wheel", type=click.Path(dir_okay=False, path_type=Path),
+              help="CPU torch wheel to carry in the context (default: UMPROV_LAB_TORCH_WHEEL, "
+                   "else the one under /opt/wheels).")
+@json_option
+def image(tag: str | None, torch_wheel: Path | None, as_json: bool) -> int:
+    """Build the PyTorch image lab hosts run: the lab's Debian 12 base with a CPU torch.
+
+    Built on this machine's engine; `umprov deploy --push` takes it to the hosts.
+
+    \b
+    Example:
+      umprov lab image
+      umprov deploy lab/default --push --authorized-key .lab/default/id_ed25519.pub
+    """
+    from umprov_lab import image as image_mod
+    from umprov_lab.engine import docker_engine
+
+    client = docker_engine(say)
+    say("building on the local engine")
+    result = image_mod.build(client, tag=tag, torch_wheel=torch_wheel, progress=say)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        say(
+            f"built {result.tag} ({result.image_id[7:19]}, {result.size_bytes / 1e9:.2f} GB) "
+            f"in {result.seconds:.0f} s"
         )
     return 0

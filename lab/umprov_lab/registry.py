@@ -19,28 +19,21 @@ from typing import Any
 
 from umprov.errors import EnvironmentProblem
 from umprov.paths import write_atomic, write_private
+from umprov_lab import data
+from umprov_lab.hosts import pick_port
+from umprov_lab.layout import (
+    LABEL,
+    Progress,
+    container_name,
+    lab_dir,
+    network_name,
+    quiet,
+    write_if_changed,
+)
 
 REGISTRY_PORT = 5000
 REGISTRY_BINARY = "docker-registry"  # Debian's package of distribution/registry v2
 CERT_DAYS = 365
-
-CONFIG = """\
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: /var/lib/registry
-  delete:
-    enabled: true
-http:
-  addr: :5000
-  tls:
-    certificate: /etc/umprov-registry/server.crt
-    key: /etc/umprov-registry/server.key
-"""
 
 
 @dataclass
@@ -55,12 +48,8 @@ class LabRegistry:
                 "container": self.container}
 
 
-def container_name(prefix: str, name: str) -> str:
-    return f"{prefix}-{name}-registry"
-
-
-def address(prefix: str, name: str) -> str:
-    return f"{container_name(prefix, name)}:{REGISTRY_PORT}"
+def address(name: str) -> str:
+    return f"{container_name(name, 'registry')}:{REGISTRY_PORT}"
 
 
 def _still_valid(path: Path, host: str) -> bool:
@@ -142,3 +131,65 @@ def registry_binary() -> str:
             "apt-get install docker-registry"
         )
     return path
+
+
+def has_registry(client: Any, name: str) -> bool:
+    found = client.containers.list(
+        all=True, filters={"label": [f"{LABEL}={name}", f"{LABEL}.role=registry"]}
+    )
+    return bool(found)
+
+
+def ensure_registry(
+    client: Any, name: str, image: str, taken: set[int], progress: Progress = quiet
+) -> tuple[LabRegistry, list[str]]:
+    """The lab's TLS registry, on the lab network and on a loopback port (added to ``taken``)."""
+    from docker.errors import NotFound
+
+    changes: list[str] = []
+    server = container_name(name, "registry")
+    tls_dir = lab_dir(name) / "registry"
+    remade = ensure_tls(tls_dir, server)
+    if remade:
+        changes.append("made the lab registry's CA and certificate")
+    config = tls_dir / "config.yml"
+    if write_if_changed(config, data.read("registry_config.yml")):
+        changes.append(f"wrote {config}")
+    try:
+        container = client.containers.get(server)
+    except NotFound:
+        container = None
+    if container is not None and remade:
+        # A new certificate: the running registry still serves the old one.
+        container.remove(force=True)
+        container = None
+    if container is not None and container.status != "running":
+        container.start()
+        changes.append(f"started {server}")
+    if container is None:
+        binary = registry_binary()
+        port = pick_port(client, taken)
+        progress(f"serving the lab registry from {server} (127.0.0.1:{port})")
+        container = client.containers.run(
+            image,
+            ["/usr/local/bin/docker-registry", "serve", "/etc/umprov-registry/config.yml"],
+            entrypoint=[],
+            name=server,
+            hostname=server,
+            detach=True,
+            network=network_name(name),
+            labels={LABEL: name, f"{LABEL}.role": "registry", f"{LABEL}.port": str(port)},
+            ports={f"{REGISTRY_PORT}/tcp": ("127.0.0.1", port)},
+            volumes={
+                binary: {"bind": "/usr/local/bin/docker-registry", "mode": "ro"},
+                str(tls_dir): {"bind": "/etc/umprov-registry", "mode": "ro"},
+                f"{server}-data": {"bind": "/var/lib/registry", "mode": "rw"},
+            },
+            restart_policy={"Name": "always"},
+        )
+        changes.append(f"created {server}")
+    port = int(container.labels[f"{LABEL}.port"])
+    taken.add(port)
+    registry = LabRegistry(address=address(name), local=f"127.0.0.1:{port}",
+                           ca_file=tls_dir / "ca.crt", container=server)
+    return registry, changes

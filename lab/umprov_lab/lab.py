@@ -1,0 +1,197 @@
+"""A lab as a whole: ``up`` creates or completes it, ``status`` shows it, ``down`` removes it.
+
+``up`` is idempotent: the host image (cached by recipe), the network, the SSH key, the
+stand-in apt repository, the hosts, the registry when asked for, then the known_hosts file with
+the hosts' real keys and the inventory; each step reports what it changed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import ConfigError
+from umprov_lab import hosts as lab_hosts
+from umprov_lab.engine import docker_engine, ensure_inotify_limits
+from umprov_lab.host_image import ensure_host_image
+from umprov_lab.hosts import LabHost
+from umprov_lab.inventory import render_inventory
+from umprov_lab.layout import (
+    LABEL,
+    PREFIX,
+    Progress,
+    check_lab_name,
+    container_name,
+    host_name,
+    inventory_path,
+    lab_dir,
+    network_name,
+    quiet,
+    write_if_changed,
+)
+from umprov_lab.registry import LabRegistry, ensure_registry, has_registry
+from umprov_lab.stand_in_repo import ensure_repo
+
+
+@dataclass
+class LabResult:
+    lab: str
+    inventory: Path
+    known_hosts: Path
+    key_file: Path
+    hosts: list[LabHost]
+    changes: list[str]
+    registry: LabRegistry | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lab": self.lab,
+            "registry": self.registry.to_dict() if self.registry else None,
+            "inventory": str(self.inventory),
+            "known_hosts": str(self.known_hosts),
+            "key_file": str(self.key_file),
+            "changed": bool(self.changes),
+            "changes": self.changes,
+            "hosts": [
+                {
+                    "name": h.name,
+                    "container": h.container,
+                    "address": "127.0.0.1",
+                    "port": h.port,
+                    "state": h.state,
+                }
+                for h in self.hosts
+            ],
+        }
+
+
+def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = False) -> LabResult:
+    """Create or complete a lab; ``registry`` adds the lab registry (kept by later calls)."""
+    check_lab_name(name)
+    if not 1 <= count <= 64:
+        raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
+    client = docker_engine(progress)
+    ensure_inotify_limits(progress)
+    image, built = ensure_host_image(client, progress)
+    changes: list[str] = []
+    if built:
+        changes.append(f"built image {image}")
+    if lab_hosts.ensure_network(client, name):
+        changes.append(f"created network {network_name(name)}")
+    directory = lab_dir(name)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key_file = directory / "id_ed25519"
+    if lab_hosts.ensure_key(key_file):
+        changes.append("created the lab SSH key")
+    changes += ensure_repo(client, name, image, progress)
+
+    taken: set[int] = set()
+    hosts = _ensure_hosts(client, name, count, image, taken, changes, progress)
+    public_key = key_file.with_suffix(".pub").read_text()
+    for host in hosts:
+        container = client.containers.get(host.container)
+        lab_hosts.wait_for_sshd(container)
+        lab_hosts.install_key(container, public_key)
+        host.host_keys = lab_hosts.host_keys(container)
+        host.state = container.status
+
+    lab_registry = None
+    if registry or has_registry(client, name):
+        lab_registry, made = ensure_registry(client, name, image, taken, progress)
+        changes += made
+
+    known_hosts = directory / "known_hosts"
+    if write_if_changed(known_hosts, lab_hosts.render_known_hosts(hosts)):
+        changes.append(f"wrote {known_hosts}")
+    inventory = inventory_path(name)
+    if write_if_changed(inventory, render_inventory(name, hosts, key_file, known_hosts,
+                                                    lab_registry)):
+        changes.append(f"wrote {inventory}")
+    return LabResult(name, inventory, known_hosts, key_file, hosts, changes, lab_registry)
+
+
+def _ensure_hosts(client: Any, name: str, count: int, image: str, taken: set[int],
+                  changes: list[str], progress: Progress) -> list[LabHost]:
+    """Hosts 1..count running (those past ``count`` removed); their ports join ``taken``."""
+    existing = lab_hosts.host_containers(client, name)
+    for index, container in sorted(existing.items()):
+        if index > count:
+            progress(f"removing {container.name} (lab now has {count} hosts)")
+            container.remove(force=True, v=True)
+            lab_hosts.remove_volume(client, f"{container.name}-docker")
+            changes.append(f"removed {container.name}")
+    hosts: list[LabHost] = []
+    for index in range(1, count + 1):
+        container = existing.get(index)
+        if container is None:
+            port = lab_hosts.pick_port(client, taken)
+            progress(f"creating {container_name(name, index)} (ssh on 127.0.0.1:{port})")
+            container = lab_hosts.create_host(client, name, index, image, port)
+            changes.append(f"created {container.name}")
+        else:
+            port = int(container.labels[f"{LABEL}.port"])
+            if container.status != "running":
+                progress(f"starting {container.name}")
+                container.start()
+                changes.append(f"started {container.name}")
+        taken.add(port)
+        hosts.append(LabHost(host_name(name, index), container.name, port, "running"))
+    return hosts
+
+
+def status(name: str | None = None) -> list[dict[str, Any]]:
+    client = docker_engine(start=False)
+    filters = {"label": f"{LABEL}={name}" if name else LABEL}
+    rows = []
+    for c in client.containers.list(all=True, filters=filters):
+        if f"{LABEL}.index" not in c.labels:
+            continue
+        health = c.attrs.get("State", {}).get("Health", {}).get("Status")
+        rows.append(
+            {
+                "lab": c.labels[LABEL],
+                "host": host_name(c.labels[LABEL], int(c.labels[f"{LABEL}.index"])),
+                "container": c.name,
+                "state": c.status + (f" ({health})" if health else ""),
+                "ssh": f"127.0.0.1:{c.labels.get(f'{LABEL}.port', '?')}",
+                "image": c.labels.get(f"{LABEL}.image", ""),
+            }
+        )
+    rows.sort(key=lambda r: (r["lab"], r["container"]))
+    return rows
+
+
+def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[str]:
+    from docker.errors import NotFound
+
+    check_lab_name(name)
+    client = docker_engine(progress, start=False)
+    removed: list[str] = []
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={name}"}):
+        progress(f"removing {container.name}")
+        container.remove(force=True, v=True)
+        removed.append(container.name)
+        for suffix in ("-docker", "-data"):  # a host's Docker storage, the registry's data
+            lab_hosts.remove_volume(client, f"{container.name}{suffix}")
+    try:
+        client.networks.get(network_name(name)).remove()
+        removed.append(f"network {network_name(name)}")
+    except NotFound:
+        pass
+    inventory = inventory_path(name)
+    if inventory.exists():
+        inventory.unlink()
+        removed.append(str(inventory))
+    directory = lab_dir(name)
+    if directory.exists():
+        shutil.rmtree(directory)
+        removed.append(str(directory))
+    if purge:
+        for image in client.images.list(name=f"{PREFIX}-host"):
+            for tag in image.tags:
+                progress(f"removing image {tag}")
+                client.images.remove(tag, force=True)
+                removed.append(f"image {tag}")
+    return removed
