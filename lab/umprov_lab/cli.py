@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from umprov.cli._common import emit_json, json_option, print_table, say
+from umprov.cli.options import json_option
+from umprov.output import emit_json, print_table, say
 
 lab_name_option = click.option(
     "--name", default="default", show_default=True, help="Name of the lab (several can coexist)."

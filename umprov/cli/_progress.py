@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from umprov.cli._common import say, stderr_console, stderr_is_tty
+from umprov.output import say, stderr_console, stderr_is_tty
 
 
 class ProvisionProgress:
@@ -29,7 +29,7 @@ class ProvisionProgress:
         if stderr_is_tty():
             from rich.live import Live
 
-            from umprov.cli._common import stderr_console
+            from umprov.output import stderr_console
 
             self.live = Live(self._table(), console=stderr_console(), refresh_per_second=4)
             self.live.__enter__()

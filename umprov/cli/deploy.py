@@ -8,15 +8,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli._common import (
-    emit_json,
-    inventory_argument,
-    json_option,
-    print_outcomes,
-    say_problems,
-)
+from umprov.cli.options import inventory_argument, json_option
 from umprov.hosts import render
 from umprov.hosts.progress import size_text
+from umprov.output import emit_json, print_outcomes, say_problems
 
 if TYPE_CHECKING:
     from umprov.hosts.results import HostOutcome

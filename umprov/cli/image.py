@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from umprov.cli._common import emit_json, json_option, say
+from umprov.cli.options import json_option
+from umprov.output import emit_json, say
 
 
 @click.group()

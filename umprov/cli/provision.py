@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from umprov.cli._common import emit_json, inventory_argument, json_option, print_outcomes, say
+from umprov.cli.options import inventory_argument, json_option
 from umprov.hosts import render
+from umprov.output import emit_json, print_outcomes, say
 
 ONLY = ("preflight", "driver", "docker", "toolkit")
 COLUMNS: list[render.Field] = [

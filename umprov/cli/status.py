@@ -6,15 +6,10 @@ from typing import Any
 
 import click
 
-from umprov.cli._common import (
-    emit_json,
-    inventory_argument,
-    json_option,
-    print_outcomes,
-    say_problems,
-)
+from umprov.cli.options import inventory_argument, json_option
 from umprov.errors import ExitCode
 from umprov.hosts import render
+from umprov.output import emit_json, print_outcomes, say_problems
 
 
 def _yes_no(value: Any) -> str:

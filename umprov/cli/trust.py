@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import click
 
-from umprov.cli._common import emit_json, json_option, say
+from umprov.cli.options import json_option
 from umprov.hosts import HostLike
+from umprov.output import emit_json, say
 
 
 @dataclass(frozen=True)

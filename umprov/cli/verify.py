@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from umprov.cli._common import emit_json, inventory_argument, json_option, say
+from umprov.cli.options import inventory_argument, json_option
+from umprov.output import emit_json, say
 from umprov.verify.local import run_local
 
 

@@ -127,7 +127,7 @@ def _short(text: str, limit: int = 90) -> str:
 
 
 def print_report(docs: Sequence[dict], *, all_rows: bool = True) -> None:
-    from umprov.cli._common import print_table, say
+    from umprov.output import print_table, say
 
     rows = table_rows(docs, all_rows=all_rows)
     verdict = run_verdict(docs)

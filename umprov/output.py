@@ -1,4 +1,4 @@
-"""Options and output helpers shared by every command.
+"""Output for programs and people, one home for every command's rendering.
 
 stdout carries data (``--json``); stderr carries what people read (rich tables and progress,
 drawn only on a TTY, plain text otherwise).
@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 if TYPE_CHECKING:
     from umprov.hosts.render import Field
     from umprov.hosts.results import HostOutcome
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-inventory_argument = click.argument("inventory", required=False, metavar="[INVENTORY]")
-
-
-def json_option(func: F) -> F:
-    return click.option(
-        "--json", "as_json", is_flag=True, help="Print the result as JSON on stdout."
-    )(func)
 
 
 def emit_json(data: Any) -> None:
@@ -87,3 +77,4 @@ def say_problems(outcomes: Sequence[HostOutcome], word: str) -> None:
     bad = [o for o in outcomes if not o.ok]
     if bad:
         say(f"umprov: {len(bad)} of {len(outcomes)} host(s) {word}")
+
