@@ -53,10 +53,10 @@ def decide(policy: str, *, version: str = "", others: list[str] | None = None) -
     variables: dict[str, Any] = {
         "nvidia_driver_branch": "580" if "nvidia-open:" in policy else "535",
         "nvidia_driver_version": version,
-        "__nvidia_driver_policy_first": {"stdout": policy},
+        "apt_source_policy": {"stdout": policy},  # apt_source's fetch, the first lookup
         "__nvidia_driver_policy_again": {"skipped": True, "stdout": ""},
         "__nvidia_driver_policy_others": {"results": [{"stdout": o} for o in (others or [])]},
-        "__nvidia_driver_apt_blind": False,
+        "apt_source_dpkg": {"blind": False},
         "ansible_check_mode": False,
     }
     from ansible.template import trust_as_template
@@ -94,13 +94,21 @@ def test_versions_of_the_other_packages_are_read() -> None:
     assert out["__nvidia_driver_versions_elsewhere"] == [["535.261.03-1"]]
 
 
-@pytest.mark.parametrize("role", ["docker_engine", "nvidia_container_toolkit", "nvidia_driver"])
-def test_source_file_is_named_as_deb822_repository_names_it(role: str) -> None:
-    vars_main = yaml.safe_load((ROLES / role / "vars/main.yml").read_text())
-    prefix = "__" + role
-    name_var = {"docker_engine": "docker_engine_repo_name",
-                "nvidia_container_toolkit": "nvidia_container_toolkit_repo_name",
-                "nvidia_driver": "nvidia_driver_cuda_repo_name"}[role]
-    path = render(vars_main[f"{prefix}_source_file"], **{
-        name_var: "My Sources_list", "nvidia_driver_source": "cuda_repo"})
+@pytest.mark.parametrize(("role", "name_var"), [
+    ("docker_engine", "docker_engine_repo_name"),
+    ("nvidia_container_toolkit", "nvidia_container_toolkit_repo_name"),
+    ("nvidia_driver", "nvidia_driver_cuda_repo_name"),
+])
+def test_source_file_is_named_as_deb822_repository_names_it(role: str, name_var: str) -> None:
+    """The name each role hands apt_source, and the file apt_source refreshes and takes back."""
+    from ansible.template import trust_as_template
+
+    role_vars = yaml.safe_load((ROLES / role / "vars/main.yml").read_text())
+    apt_vars = yaml.safe_load((ROLES / "apt_source/vars/main.yml").read_text())
+    variables = {key: trust_as_template(value) for key, value in role_vars.items()
+                 if isinstance(value, str)}
+    name = render(role_vars[f"__{role}_apt_source_name"], **variables, **{
+        name_var: "My Sources_list", "nvidia_driver_source": "cuda_repo",
+        "docker_engine_source": "docker_repo"})
+    path = render(apt_vars["__apt_source_file"], apt_source_name=name)
     assert path == "/etc/apt/sources.list.d/my-sources-list.sources"
