@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,14 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.lab
+
+
+def lab_name(default: str, override: str | None = None) -> str:
+    """A module's lab name: the env var `override` if set, else UMPROV_TEST_LAB_PREFIX + default,
+    so that a run beside someone else's (`UMPROV_TEST_LAB_PREFIX=e-`) touches none of theirs."""
+    if override and os.environ.get(override):
+        return os.environ[override]
+    return os.environ.get("UMPROV_TEST_LAB_PREFIX", "") + default
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

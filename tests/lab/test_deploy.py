@@ -21,12 +21,12 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import ssh
+from tests.lab.conftest import lab_name, ssh
 
 pytestmark = pytest.mark.lab
 
 # UMPROV_TEST_DEPLOY_LAB: another lab name, for runs beside someone else's.
-NAME = os.environ.get("UMPROV_TEST_DEPLOY_LAB", "pytest-deploy")
+NAME = lab_name("pytest-deploy", "UMPROV_TEST_DEPLOY_LAB")
 TAG = "umprov/pytorch-cuda:pytest-lab"
 
 

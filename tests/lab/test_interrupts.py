@@ -38,11 +38,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import umprov_argv
+from tests.lab.conftest import lab_name, umprov_argv
 
 pytestmark = pytest.mark.lab
 
-NAME = os.environ.get("UMPROV_TEST_INTERRUPTS_LAB", "relk")  # another name: runs beside another
+NAME = lab_name("relk", "UMPROV_TEST_INTERRUPTS_LAB")  # another name: runs beside another
 HOSTS = 4
 TAG = "umprov/pytorch-cuda:pytest-lab"  # built by tests/lab/test_deploy.py too: cached
 EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine

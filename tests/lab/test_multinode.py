@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import umprov_argv
+from tests.lab.conftest import lab_name, umprov_argv
 
 pytestmark = pytest.mark.lab
 
-NAME = "pytest-mn"
+NAME = lab_name("pytest-mn")
 TAG = "umprov/pytorch-cuda:pytest-lab"  # the tag test_deploy.py builds: the build is cached
 TIMEOUT = 60
 LAB: dict[str, Any] = {}

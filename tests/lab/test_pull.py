@@ -4,7 +4,6 @@ docker_engine role gave the hosts; faults: an unknown tag, a host without the CA
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import ssh
+from tests.lab.conftest import lab_name, ssh
 
 pytestmark = pytest.mark.lab
 
-NAME = os.environ.get("UMPROV_TEST_PULL_LAB", "pytest-pull")
+NAME = lab_name("pytest-pull", "UMPROV_TEST_PULL_LAB")
 LOCAL_TAG = "umprov/pytorch-cuda:pytest-lab"  # the image test_deploy builds (cached layers)
 REPO = "umprov/pytorch-cuda"
 TAG = "pytest-pull"

@@ -49,11 +49,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.lab.conftest import ssh
+from tests.lab.conftest import lab_name, ssh
 
 pytestmark = pytest.mark.lab
 
-NAME = "secsweep"
+NAME = lab_name("secsweep")
 HOSTS = 4
 TAG = "umprov/pytorch-cuda:pytest-lab"  # shared with tests/lab/test_deploy.py
 SLICE = 24
