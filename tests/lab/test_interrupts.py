@@ -40,7 +40,8 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import lab_name, umprov_argv
 
-pytestmark = pytest.mark.lab
+# serial: signal-to-exit bounds, measured; `make test` runs them alone, not beside other work.
+pytestmark = [pytest.mark.lab, pytest.mark.serial]
 
 NAME = lab_name("relk", "UMPROV_TEST_INTERRUPTS_LAB")  # another name: runs beside another
 HOSTS = 4
