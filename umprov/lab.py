@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,6 +341,21 @@ def _containers(client: Any, name: str) -> dict[int, Any]:
     return out
 
 
+# Concurrent `lab up`s (side-by-side test workers, two shells) probe for free ports: two could
+# pick the same port before either container holds it, or both start dockerd or debootstrap the
+# host image. One machine-wide lock over each of those steps; sshd waits stay outside it.
+LOCK_FILE = Path(tempfile.gettempdir()) / "umprov-lab.lock"
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    import fcntl
+
+    with open(LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes; never nested
+        yield
+
+
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -623,25 +638,26 @@ def ensure_registry(
         changes.append(f"started {container_name}")
     if container is None:
         binary = lab_registry.registry_binary()
-        port = _pick_port(client, taken)
-        progress(f"serving the lab registry from {container_name} (127.0.0.1:{port})")
-        container = client.containers.run(
-            image,
-            ["/usr/local/bin/docker-registry", "serve", "/etc/umprov-registry/config.yml"],
-            entrypoint=[],
-            name=container_name,
-            hostname=container_name,
-            detach=True,
-            network=f"{PREFIX}-{name}",
-            labels={LABEL: name, f"{LABEL}.role": "registry", f"{LABEL}.port": str(port)},
-            ports={f"{lab_registry.REGISTRY_PORT}/tcp": ("127.0.0.1", port)},
-            volumes={
-                binary: {"bind": "/usr/local/bin/docker-registry", "mode": "ro"},
-                str(tls_dir): {"bind": "/etc/umprov-registry", "mode": "ro"},
-                f"{container_name}-data": {"bind": "/var/lib/registry", "mode": "rw"},
-            },
-            restart_policy={"Name": "always"},
-        )
+        with machine_lock():  # from the probed port to the container that holds it
+            port = _pick_port(client, taken)
+            progress(f"serving the lab registry from {container_name} (127.0.0.1:{port})")
+            container = client.containers.run(
+                image,
+                ["/usr/local/bin/docker-registry", "serve", "/etc/umprov-registry/config.yml"],
+                entrypoint=[],
+                name=container_name,
+                hostname=container_name,
+                detach=True,
+                network=f"{PREFIX}-{name}",
+                labels={LABEL: name, f"{LABEL}.role": "registry", f"{LABEL}.port": str(port)},
+                ports={f"{lab_registry.REGISTRY_PORT}/tcp": ("127.0.0.1", port)},
+                volumes={
+                    binary: {"bind": "/usr/local/bin/docker-registry", "mode": "ro"},
+                    str(tls_dir): {"bind": "/etc/umprov-registry", "mode": "ro"},
+                    f"{container_name}-data": {"bind": "/var/lib/registry", "mode": "rw"},
+                },
+                restart_policy={"Name": "always"},
+            )
         changes.append(f"created {container_name}")
     port = int(container.labels[f"{LABEL}.port"])
     taken.add(port)
@@ -706,9 +722,10 @@ def up(name: str, count: int, progress: Progress = _quiet, *, registry: bool = F
     check_lab_name(name)
     if not 1 <= count <= 64:
         raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
-    client = docker_engine(progress)
-    ensure_inotify_limits(progress)
-    image, built = ensure_host_image(client, progress)
+    with machine_lock():  # one dockerd, one host image build, however many callers
+        client = docker_engine(progress)
+        ensure_inotify_limits(progress)
+        image, built = ensure_host_image(client, progress)
     changes: list[str] = []
     if built:
         changes.append(f"built image {image}")
@@ -735,9 +752,10 @@ def up(name: str, count: int, progress: Progress = _quiet, *, registry: bool = F
     for index in range(1, count + 1):
         container = existing.get(index)
         if container is None:
-            port = _pick_port(client, taken)
-            progress(f"creating {PREFIX}-{name}-{index} (ssh on 127.0.0.1:{port})")
-            container = _create_host(client, name, index, image, port)
+            with machine_lock():  # from the probed port to the container that holds it
+                port = _pick_port(client, taken)
+                progress(f"creating {PREFIX}-{name}-{index} (ssh on 127.0.0.1:{port})")
+                container = _create_host(client, name, index, image, port)
             changes.append(f"created {container.name}")
         else:
             port = int(container.labels[f"{LABEL}.port"])
