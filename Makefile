@@ -58,11 +58,12 @@ demo: sysdeps venv
 # Two phases over the paths in $(1): the tests marked `serial` (signals, elapsed-time bounds)
 # alone first, then all others side by side. The second phase's output ends the run, its last
 # line pytest's summary; it also repeats the first phase's (tests/conftest.py). Exit code 5 (no
-# test selected) counts as a pass in a phase; the recipe fails if either phase fails.
+# test selected) counts as a pass in a phase; the recipe fails if either phase fails, and stops
+# after the first when it was interrupted (Ctrl-C: 2) or could not run (3, 4).
 define two_phases
 	@set -o pipefail; log=$$(mktemp); \
 	$(BIN)/pytest -m serial $$([ -t 1 ] && echo --color=yes) $(1) $(PYTEST_ARGS) | tee $$log; \
-	s=$$?; [ $$s -eq 5 ] && s=0; \
+	s=$$?; case $$s in 2|3|4) exit $$s;; 5) s=0;; esac; \
 	UMPROV_TEST_SERIAL_RESULT="$$(tail -n1 $$log | sed 's/\x1b\[[0-9;]*m//g')" \
 	$(BIN)/pytest -m "not serial" $(SIDE_BY_SIDE) $(1) $(PYTEST_ARGS); \
 	p=$$?; [ $$p -eq 5 ] && p=0; rm -f $$log; \
