@@ -61,12 +61,12 @@ demo: sysdeps venv
 # test selected) counts as a pass in a phase; the recipe fails if either phase fails, and stops
 # after the first when it was interrupted (Ctrl-C: 2) or could not run (3, 4).
 define two_phases
-	@set -o pipefail; log=$$(mktemp); \
+	@set -o pipefail; log=$$(mktemp); trap "rm -f $$log" EXIT; \
 	$(BIN)/pytest -m serial $$([ -t 1 ] && echo --color=yes) $(1) $(PYTEST_ARGS) | tee $$log; \
 	s=$$?; case $$s in 2|3|4) exit $$s;; 5) s=0;; esac; \
 	UMPROV_TEST_SERIAL_RESULT="$$(tail -n1 $$log | sed 's/\x1b\[[0-9;]*m//g')" \
 	$(BIN)/pytest -m "not serial" $(SIDE_BY_SIDE) $(1) $(PYTEST_ARGS); \
-	p=$$?; [ $$p -eq 5 ] && p=0; rm -f $$log; \
+	p=$$?; [ $$p -eq 5 ] && p=0; \
 	[ $$s -eq 0 ] && [ $$p -eq 0 ]
 endef
 
