@@ -7,11 +7,11 @@ UMPROV := $(BIN)/umprov
 LAB ?= demo
 HOSTS ?= 2
 PYTEST_ARGS ?=
-# Tests side by side: the lab tier mostly waits (apt in lab hosts, containers booting, sshd), so
-# more workers than cores. A lab module stays on one worker (an xdist_group, tests/lab/conftest.py):
-# its hosts are module fixtures. Collection order, so the slow lab groups start first.
+# Test files side by side: the lab tier mostly waits (apt in lab hosts, containers booting,
+# sshd), so more workers than cores. A file stays on one worker: a lab module's hosts are its
+# module fixtures.
 WORKERS ?= 6
-SIDE_BY_SIDE := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+SIDE_BY_SIDE := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help venv sysdeps demo test test-unit test-lab test-gpu lint lab-up lab-down bench clean
 

@@ -65,11 +65,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/lab/" in str(item.fspath):
             item.add_marker(pytest.mark.lab)
-            # Side by side (`--dist loadgroup`), a lab module stays on one worker: its hosts are
-            # module fixtures. A module whose labs share nothing may split by marking tests
-            # with their own xdist_group (test_provision.py).
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session", autouse=True)

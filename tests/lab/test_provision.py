@@ -2,8 +2,7 @@
 
 Two labs: `pytest-prov` (3 hosts, converged once and shared) and `pytest-faults` (3 hosts that the
 fault tests break on purpose). Host state is read back over real SSH with the lab's pinned host
-keys, never through Ansible. The two labs share nothing, so `make test` runs the fault tests
-(ON_FAULTS_LAB) on another worker than the converge tests, side by side.
+keys, never through Ansible.
 """
 
 from __future__ import annotations
@@ -29,9 +28,6 @@ pytestmark = pytest.mark.lab
 
 PROV = lab_name("pytest-prov")
 FAULTS = lab_name("pytest-faults")
-
-# The fault tests' own xdist group; the other tests keep the module's (tests/lab/conftest.py).
-ON_FAULTS_LAB = pytest.mark.xdist_group("tests/lab/test_provision.py:faults")
 
 DRIVER_BRANCH = "580"
 DRIVER_VERSION = "580.95.05"  # the newest 580 driver in the lab's stand-in CUDA repository
@@ -265,7 +261,6 @@ def test_second_run_changes_nothing(prov_lab: Lab, first_run: Provisioned) -> No
 # Check mode and faults, on their own lab
 
 
-@ON_FAULTS_LAB
 def test_check_mode_on_a_fresh_host_reports_changes_and_changes_nothing(
     faults_lab: Lab,
 ) -> None:
@@ -280,7 +275,6 @@ def test_check_mode_on_a_fresh_host_reports_changes_and_changes_nothing(
     assert host.check("ls /etc/apt/sources.list.d; dpkg -l | wc -l") == before
 
 
-@ON_FAULTS_LAB
 def test_unsupported_os_stops_in_preflight(faults_lab: Lab) -> None:
     host = faults_lab.hosts[2]
     fedora = 'NAME="Fedora Linux"\nID=fedora\nVERSION_ID=40\nPRETTY_NAME="Fedora Linux 40"\n'
@@ -310,7 +304,6 @@ def _stop_after(container: str, seconds: float) -> threading.Thread:
     return thread
 
 
-@ON_FAULTS_LAB
 def test_host_stopped_mid_run_is_named_and_others_converge(faults_lab: Lab) -> None:
     one, two = faults_lab.hosts[0], faults_lab.hosts[1]
     stopper = _stop_after(two.container, 12)
@@ -327,7 +320,6 @@ def test_host_stopped_mid_run_is_named_and_others_converge(faults_lab: Lab) -> N
     assert one.package_version("nvidia-container-toolkit") == TOOLKIT_VERSION
 
 
-@ON_FAULTS_LAB
 def test_rerun_completes_stopped_host_waiting_for_the_apt_lock(faults_lab: Lab) -> None:
     one, two = faults_lab.hosts[0], faults_lab.hosts[1]
     lab_up(FAULTS, len(faults_lab.hosts))  # starts the stopped container again
@@ -387,7 +379,6 @@ def distribution_run(faults_lab: Lab) -> tuple[Provisioned, str, str]:
     return run, before, host.pid1_start()
 
 
-@ON_FAULTS_LAB
 def test_distribution_driver_installs_and_reboots(
     faults_lab: Lab, distribution_run: tuple[Provisioned, str, str]
 ) -> None:
@@ -408,7 +399,6 @@ def test_distribution_driver_installs_and_reboots(
     assert "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" in source
 
 
-@ON_FAULTS_LAB
 def test_distribution_driver_second_run_changes_nothing(
     faults_lab: Lab, distribution_run: tuple[Provisioned, str, str]
 ) -> None:
@@ -448,7 +438,6 @@ def wrong_key_url(faults_lab: Lab) -> str:
     return f"http://umprov-lab-{FAULTS}-repo:8080/wrong-key.asc"
 
 
-@ON_FAULTS_LAB
 def test_repository_signed_by_another_key_fails_naming_it(
     faults_lab: Lab, wrong_key_url: str
 ) -> None:
@@ -473,7 +462,6 @@ def test_repository_signed_by_another_key_fails_naming_it(
     assert host.package_version("nvidia-container-toolkit") is None
 
 
-@ON_FAULTS_LAB
 def test_run_with_the_key_fixed_repairs_the_broken_source(
     faults_lab: Lab, wrong_key_url: str
 ) -> None:
@@ -497,7 +485,6 @@ def test_run_with_the_key_fixed_repairs_the_broken_source(
 # A repository already configured by hand under another name and keyring
 
 
-@ON_FAULTS_LAB
 def test_a_second_source_with_another_key_is_taken_back_naming_it(faults_lab: Lab) -> None:
     """Hosts set up from a vendor's guide (cuda-keyring, Docker's docs) already name the
     repository with their own keyring: adding the role's source beside it would make apt refuse
@@ -526,7 +513,6 @@ def test_a_second_source_with_another_key_is_taken_back_naming_it(faults_lab: La
 
 
 
-@ON_FAULTS_LAB
 def test_debian_driver_and_module_without_a_common_version_stop_before_installing(
     faults_lab: Lab,
 ) -> None:
