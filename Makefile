@@ -7,6 +7,11 @@ UMPROV := $(BIN)/umprov
 LAB ?= demo
 HOSTS ?= 2
 PYTEST_ARGS ?=
+# Test files side by side: the lab tier mostly waits (apt in lab hosts, containers booting,
+# sshd), so more workers than cores. A file stays on one worker: a lab module's hosts are its
+# module fixtures.
+WORKERS ?= 6
+SIDE_BY_SIDE := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help venv sysdeps demo test test-unit test-lab test-gpu lint lab-up lab-down bench clean
 
@@ -51,15 +56,30 @@ demo: sysdeps venv
 	fi
 	@echo "demo done: lab '$(LAB)': inventory/lab/$(LAB).yml; 'umprov status --connect lab-$(LAB)-1' to log in; 'make lab-down LAB=$(LAB)' removes it"
 
+# Two phases over the paths in $(1): the tests marked `serial` (signals, elapsed-time bounds)
+# alone first, then all others side by side. The second phase's output ends the run, its last
+# line pytest's summary; it also repeats the first phase's (tests/conftest.py). Exit code 5 (no
+# test selected) counts as a pass in a phase; the recipe fails if either phase fails, and stops
+# after the first when it was interrupted (Ctrl-C: 2) or could not run (3, 4).
+define two_phases
+	@set -o pipefail; log=$$(mktemp); trap "rm -f $$log" EXIT; \
+	$(BIN)/pytest -m serial $$([ -t 1 ] && echo --color=yes) $(1) $(PYTEST_ARGS) | tee $$log; \
+	s=$$?; case $$s in 2|3|4) exit $$s;; 5) s=0;; esac; \
+	UMPROV_TEST_SERIAL_RESULT="$$(tail -n1 $$log | sed 's/\x1b\[[0-9;]*m//g')" \
+	$(BIN)/pytest -m "not serial" $(SIDE_BY_SIDE) $(1) $(PYTEST_ARGS); \
+	p=$$?; [ $$p -eq 5 ] && p=0; \
+	[ $$s -eq 0 ] && [ $$p -eq 0 ]
+endef
+
 test: sysdeps venv
 	$(BIN)/ruff check .
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(call two_phases,tests)
 
 test-unit: venv
-	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+	$(call two_phases,tests/unit)
 
 test-lab: sysdeps venv
-	$(BIN)/pytest tests/lab $(PYTEST_ARGS)
+	$(call two_phases,tests/lab)
 
 test-gpu: venv
 	$(BIN)/pytest -m gpu tests/gpu $(PYTEST_ARGS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """`make test` runs the `serial` tests first, alone (Makefile); the second phase's output,
+    which ends the run, repeats that phase's summary line just above its own."""
+    serial = os.environ.get("UMPROV_TEST_SERIAL_RESULT", "").strip(" =")
+    if serial:
+        terminalreporter.write_sep("=", f"serial phase (run first, alone): {serial}")
 
 
 class _Boundary(click.Command):

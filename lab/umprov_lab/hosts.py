@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,21 @@ def _used_ports(client: Any) -> set[int]:
         if port.isdigit():
             used.add(int(port))
     return used
+
+
+# Concurrent `lab up`s (side-by-side test workers, two shells) probe for free ports: two could
+# pick the same port before either container holds it, or both start dockerd or debootstrap the
+# host image. One machine-wide lock over each of those steps; sshd waits stay outside it.
+LOCK_FILE = Path(tempfile.gettempdir()) / "umprov-lab.lock"
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    import fcntl
+
+    with open(LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes; never nested
+        yield
 
 
 def pick_port(client: Any, taken: set[int]) -> int:

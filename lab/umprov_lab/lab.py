@@ -72,9 +72,10 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
     check_lab_name(name)
     if not 1 <= count <= 64:
         raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
-    client = docker_engine(progress)
-    ensure_inotify_limits(progress)
-    image, built = ensure_host_image(client, progress)
+    with lab_hosts.machine_lock():  # one dockerd, one host image build, however many callers
+        client = docker_engine(progress)
+        ensure_inotify_limits(progress)
+        image, built = ensure_host_image(client, progress)
     changes: list[str] = []
     if built:
         changes.append(f"built image {image}")
@@ -126,9 +127,10 @@ def _ensure_hosts(client: Any, name: str, count: int, image: str, taken: set[int
     for index in range(1, count + 1):
         container = existing.get(index)
         if container is None:
-            port = lab_hosts.pick_port(client, taken)
-            progress(f"creating {container_name(name, index)} (ssh on 127.0.0.1:{port})")
-            container = lab_hosts.create_host(client, name, index, image, port)
+            with lab_hosts.machine_lock():  # from the probed port to the container holding it
+                port = lab_hosts.pick_port(client, taken)
+                progress(f"creating {container_name(name, index)} (ssh on 127.0.0.1:{port})")
+                container = lab_hosts.create_host(client, name, index, image, port)
             changes.append(f"created {container.name}")
         else:
             port = int(container.labels[f"{LABEL}.port"])

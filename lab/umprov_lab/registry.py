@@ -20,7 +20,7 @@ from typing import Any
 from umprov.errors import EnvironmentProblem
 from umprov.paths import write_atomic, write_private
 from umprov_lab import data
-from umprov_lab.hosts import pick_port
+from umprov_lab.hosts import machine_lock, pick_port
 from umprov_lab.layout import (
     LABEL,
     Progress,
@@ -168,25 +168,26 @@ def ensure_registry(
         changes.append(f"started {server}")
     if container is None:
         binary = registry_binary()
-        port = pick_port(client, taken)
-        progress(f"serving the lab registry from {server} (127.0.0.1:{port})")
-        container = client.containers.run(
-            image,
-            ["/usr/local/bin/docker-registry", "serve", "/etc/umprov-registry/config.yml"],
-            entrypoint=[],
-            name=server,
-            hostname=server,
-            detach=True,
-            network=network_name(name),
-            labels={LABEL: name, f"{LABEL}.role": "registry", f"{LABEL}.port": str(port)},
-            ports={f"{REGISTRY_PORT}/tcp": ("127.0.0.1", port)},
-            volumes={
-                binary: {"bind": "/usr/local/bin/docker-registry", "mode": "ro"},
-                str(tls_dir): {"bind": "/etc/umprov-registry", "mode": "ro"},
-                f"{server}-data": {"bind": "/var/lib/registry", "mode": "rw"},
-            },
-            restart_policy={"Name": "always"},
-        )
+        with machine_lock():  # from the probed port to the container holding it
+            port = pick_port(client, taken)
+            progress(f"serving the lab registry from {server} (127.0.0.1:{port})")
+            container = client.containers.run(
+                image,
+                ["/usr/local/bin/docker-registry", "serve", "/etc/umprov-registry/config.yml"],
+                entrypoint=[],
+                name=server,
+                hostname=server,
+                detach=True,
+                network=network_name(name),
+                labels={LABEL: name, f"{LABEL}.role": "registry", f"{LABEL}.port": str(port)},
+                ports={f"{REGISTRY_PORT}/tcp": ("127.0.0.1", port)},
+                volumes={
+                    binary: {"bind": "/usr/local/bin/docker-registry", "mode": "ro"},
+                    str(tls_dir): {"bind": "/etc/umprov-registry", "mode": "ro"},
+                    f"{server}-data": {"bind": "/var/lib/registry", "mode": "rw"},
+                },
+                restart_policy={"Name": "always"},
+            )
         changes.append(f"created {server}")
     port = int(container.labels[f"{LABEL}.port"])
     taken.add(port)

@@ -2,15 +2,63 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.lab
+
+
+def lab_name(default: str, override: str | None = None) -> str:
+    """A module's lab name: the env var `override` if set, else UMPROV_TEST_LAB_PREFIX + default,
+    so that a run beside someone else's (`UMPROV_TEST_LAB_PREFIX=e-`) touches none of theirs."""
+    if override and os.environ.get(override):
+        return os.environ[override]
+    return os.environ.get("UMPROV_TEST_LAB_PREFIX", "") + default
+
+
+# The lab's PyTorch image, built once per test run (lab_image) and deployed by several modules.
+LAB_IMAGE_TAG = f"umprov/pytorch-cuda:{lab_name('pytest-lab')}"
+
+
+@contextlib.contextmanager
+def image_build_lock() -> Iterator[None]:
+    """One lab image build at a time on this machine: side-by-side workers (or another
+    checkout's run) building it at once would each spend minutes of CPU on the same layers."""
+    with open(Path(tempfile.gettempdir()) / "umprov-test-lab-image.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.fixture(scope="session")
+def lab_image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`umprov lab image`'s JSON for LAB_IMAGE_TAG, built by the first worker that asks;
+    the others of the same run read its document (their base temp's parent is shared)."""
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lab-image.json"
+    with image_build_lock():
+        if not shared.exists():
+            built = CliRunner().invoke(
+                _Boundary("umprov"), ["lab", "image", "--tag", LAB_IMAGE_TAG, "--json"],
+                catch_exceptions=False,
+            )
+            assert built.exit_code == 0, built.stderr
+            shared.write_text(built.stdout)
+        return json.loads(shared.read_text())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

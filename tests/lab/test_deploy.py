@@ -21,13 +21,13 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, ssh
 
 pytestmark = pytest.mark.lab
 
 # UMPROV_TEST_DEPLOY_LAB: another lab name, for runs beside someone else's.
-NAME = os.environ.get("UMPROV_TEST_DEPLOY_LAB", "pytest-deploy")
-TAG = "umprov/pytorch-cuda:pytest-lab"
+NAME = lab_name("pytest-deploy", "UMPROV_TEST_DEPLOY_LAB")
+TAG = LAB_IMAGE_TAG
 
 
 def cli(*args: str) -> Any:
@@ -51,18 +51,19 @@ def _ensure_docker(inventory: str) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json")
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
     key, known = Path(data["key_file"]), Path(data["known_hosts"])
     _ensure_docker(data["inventory"])
-    built = cli("lab", "image", "--tag", TAG, "--json")
-    assert built.exit_code == 0, built.stderr
+    # After the lab is up and provisioned, as before: a worker waiting for another's build
+    # (lab_image holds a lock) has its hosts ready meanwhile.
+    lab_image = request.getfixturevalue("lab_image")
     LAB.update(
         inventory=Path(data["inventory"]), key=key, known_hosts=known, hosts=data["hosts"],
         names=[h["name"] for h in data["hosts"]], pubkey=key.with_suffix(".pub"),
-        image=json.loads(built.stdout),
+        image=lab_image,
     )
     yield LAB
     cli("lab", "down", "--name", NAME)

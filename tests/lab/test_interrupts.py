@@ -38,13 +38,14 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, umprov_argv
 
-pytestmark = pytest.mark.lab
+# serial: signal-to-exit bounds, measured; `make test` runs them alone, not beside other work.
+pytestmark = [pytest.mark.lab, pytest.mark.serial]
 
-NAME = os.environ.get("UMPROV_TEST_INTERRUPTS_LAB", "relk")  # another name: runs beside another
+NAME = lab_name("relk", "UMPROV_TEST_INTERRUPTS_LAB")  # another name: runs beside another
 HOSTS = 4
-TAG = "umprov/pytorch-cuda:pytest-lab"  # built by tests/lab/test_deploy.py too: cached
+TAG = LAB_IMAGE_TAG
 EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine
 LOST = 4  # the host lost mid-run
 SLOW_CPUS = "0.1"  # the agent's container on a slow host: ~10x its usual 1.5 s
@@ -400,10 +401,8 @@ def deploy(*extra: str) -> Umprov:
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
-    built = cli("lab", "image", "--tag", TAG, "--json")
-    assert built.exit_code == 0, built.stderr
-    return json.loads(built.stdout)["image_id"]
+def image(lab_image: dict[str, Any]) -> str:
+    return lab_image["image_id"]
 
 
 def nothing_left_on_hosts(what: str) -> None:

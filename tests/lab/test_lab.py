@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import ssh
+from tests.lab.conftest import lab_name, ssh
 
-NAME = "pytest-lifecycle"
+NAME = lab_name("pytest-lifecycle")
 
 
 @pytest.fixture(scope="module")

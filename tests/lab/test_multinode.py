@@ -17,12 +17,12 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, umprov_argv
 
 pytestmark = pytest.mark.lab
 
-NAME = "pytest-mn"
-TAG = "umprov/pytorch-cuda:pytest-lab"  # the tag test_deploy.py builds: the build is cached
+NAME = lab_name("pytest-mn")
+TAG = LAB_IMAGE_TAG
 TIMEOUT = 60
 LAB: dict[str, Any] = {}
 
@@ -32,7 +32,7 @@ def cli(*args: str) -> Any:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def lab() -> Iterator[dict[str, Any]]:
+def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     up = cli("lab", "up", "--hosts", "3", "--name", NAME, "--json")
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
@@ -40,8 +40,9 @@ def lab() -> Iterator[dict[str, Any]]:
         inventory = data["inventory"]
         prov = cli("provision", inventory, "--only", "docker", "--json")
         assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
-        built = cli("lab", "image", "--tag", TAG, "--json")
-        assert built.exit_code == 0, built.stderr
+        # After the lab is up and provisioned, as before: a worker waiting for another's build
+        # (lab_image holds a lock) has its hosts ready meanwhile.
+        request.getfixturevalue("lab_image")  # built (or another worker built it)
         pub = Path(data["key_file"]).with_suffix(".pub")
         dep = cli("deploy", inventory, "--image", TAG, "--authorized-key", str(pub), "--push",
                   "--json")

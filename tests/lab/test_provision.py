@@ -22,12 +22,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import ssh_command
+from tests.lab.conftest import lab_name, ssh_command
 
 pytestmark = pytest.mark.lab
 
-PROV = "pytest-prov"
-FAULTS = "pytest-faults"
+PROV = lab_name("pytest-prov")
+FAULTS = lab_name("pytest-faults")
 
 DRIVER_BRANCH = "580"
 DRIVER_VERSION = "580.95.05"  # the newest 580 driver in the lab's stand-in CUDA repository

@@ -4,7 +4,6 @@ docker_engine role gave the hosts; faults: an unknown tag, a host without the CA
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, ssh
 
 pytestmark = pytest.mark.lab
 
-NAME = os.environ.get("UMPROV_TEST_PULL_LAB", "pytest-pull")
-LOCAL_TAG = "umprov/pytorch-cuda:pytest-lab"  # the image test_deploy builds (cached layers)
+NAME = lab_name("pytest-pull", "UMPROV_TEST_PULL_LAB")
+LOCAL_TAG = LAB_IMAGE_TAG
 REPO = "umprov/pytorch-cuda"
 TAG = "pytest-pull"
 
@@ -42,7 +41,7 @@ def host_ssh(index: int, command: str) -> Any:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def lab(docker_client: Any) -> Iterator[dict[str, Any]]:
+def lab(docker_client: Any, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--registry", "--json")
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
@@ -52,9 +51,9 @@ def lab(docker_client: Any) -> Iterator[dict[str, Any]]:
     # Docker and the registry's CA on the hosts, through the docker_engine role.
     provisioned = cli("provision", data["inventory"], "--only", "docker", "--json")
     assert provisioned.exit_code == 0, provisioned.stdout[-2000:] + provisioned.stderr[-2000:]
-    built = cli("lab", "image", "--tag", LOCAL_TAG, "--json")
-    assert built.exit_code == 0, built.stderr
-    image_id = json.loads(built.stdout)["image_id"]
+    # After the lab is up and provisioned, as before: a worker waiting for another's build
+    # (lab_image holds a lock) has its hosts ready meanwhile.
+    image_id = request.getfixturevalue("lab_image")["image_id"]
     # Into the registry from this machine, over its loopback port.
     local_repo = f"{data['registry']['local']}/{REPO}"
     docker_client.images.get(LOCAL_TAG).tag(local_repo, TAG)

@@ -49,13 +49,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.lab.conftest import ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, image_build_lock, lab_name, ssh
 
 pytestmark = pytest.mark.lab
 
-NAME = "secsweep"
+NAME = lab_name("secsweep")
 HOSTS = 4
-TAG = "umprov/pytorch-cuda:pytest-lab"  # shared with tests/lab/test_deploy.py
+TAG = LAB_IMAGE_TAG
 SLICE = 24
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[\]PX^_].*?(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
@@ -235,8 +235,9 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         f.umprov("inventory-check", "inventory", "check", inv)
         f.umprov("provision", "provision", inv, "--json", "-e",
                  f"ansible_become_password={BECOME_CANARY}")
-        if subprocess.run(["docker", "image", "inspect", TAG], capture_output=True).returncode:
-            f.umprov("lab-image", "lab", "image", "--tag", TAG, "--json")
+        with image_build_lock():  # not beside another worker's build of the same tag
+            if subprocess.run(["docker", "image", "inspect", TAG], capture_output=True).returncode:
+                f.umprov("lab-image", "lab", "image", "--tag", TAG, "--json")
         f.umprov("deploy-push", "deploy", inv, "--push", "--image", TAG, "--authorized-key", pub,
                  "--json", tty=True)
         f.umprov("deploy-again", "deploy", inv, "--image", TAG, "--authorized-key", pub, "--json")

@@ -35,6 +35,9 @@ from umprov.hosts.progress import quiet
 from umprov.hosts.results import HostOutcome
 from umprov.paths import write_private
 
+# serial: real signals and elapsed-time bounds; `make test` runs them alone.
+pytestmark = pytest.mark.serial
+
 # ---------------------------------------------------------------------------------------------
 # SIGTERM at the boundary
 
