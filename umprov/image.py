@@ -97,6 +97,11 @@ class BuildResult:
             "wheels": self.wheels,
         }
 
+    def summary(self) -> str:
+        """The line people read once the build is done."""
+        return (f"built {self.tag} ({self.image_id[7:19]}, {self.size_bytes / 1e9:.2f} GB) "
+                f"in {self.seconds:.0f} s")
+
 
 # ---------------------------------------------------------------------------------------------
 # The base image's Python

@@ -122,8 +122,5 @@ def image(tag: str | None, torch_wheel: Path | None, as_json: bool) -> int:
     if as_json:
         emit_json(result.to_dict())
     else:
-        say(
-            f"built {result.tag} ({result.image_id[7:19]}, {result.size_bytes / 1e9:.2f} GB) "
-            f"in {result.seconds:.0f} s"
-        )
+        say(result.summary())
     return 0

@@ -73,7 +73,4 @@ def build(
     if as_json:
         emit_json(result.to_dict())
     else:
-        say(
-            f"built {result.tag} ({result.image_id[7:19]}, {result.size_bytes / 1e9:.2f} GB) "
-            f"in {result.seconds:.0f} s"
-        )
+        say(result.summary())
