@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ExitCode
+from umprov.hosts.results import HostOutcome
+from umprov.hosts.results import exit_code as outcomes_exit_code
 from umprov.verify.agent.schema import (
     SCHEMA_VERSION,
     VERDICTS,
@@ -73,14 +75,23 @@ def unreachable(doc: Mapping[str, Any]) -> bool:
     )
 
 
+def outcome(doc: Mapping[str, Any]) -> HostOutcome:
+    """A host's report as the outcome every command gives: its verdict, or unreachable when
+    that is all that failed; a host with nothing but skips has not passed."""
+    verdict = str(doc["verdict"])
+    if verdict == "fail" and unreachable(doc):
+        verdict = "unreachable"
+    elif verdict not in ("pass", "warn", "unreachable"):
+        verdict = "fail"
+    return HostOutcome(str(doc.get("host", "")), verdict)
+
+
 def run_exit_code(docs: Sequence[dict]) -> ExitCode:
-    """As provision and deploy: 11 when the only failures are hosts that could not be reached,
-    13 as soon as one reachable host fails a check."""
-    verdict = run_verdict(docs)
-    failing = [d for d in docs if d["verdict"] == "fail"]
-    if verdict == "fail" and failing and all(unreachable(d) for d in failing):
-        return ExitCode.HOSTS_UNREACHABLE
-    return exit_code(verdict)
+    """As provision and deploy (umprov.hosts.results): 11 when the only failures are hosts that
+    could not be reached, 13 as soon as one reachable host fails a check; no host is a fail."""
+    if not docs:
+        return ExitCode.VERIFY_FAIL
+    return outcomes_exit_code([outcome(d) for d in docs], failed=ExitCode.VERIFY_FAIL)
 
 
 def run_document(docs: Sequence[dict], seconds: float) -> dict:
