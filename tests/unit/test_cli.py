@@ -9,7 +9,7 @@ import click
 import pytest
 
 from umprov import __version__
-from umprov.cli import COMMANDS, PLUGIN_GROUP, cli, run
+from umprov.cli import COMMANDS, cli, run
 from umprov.errors import ExitCode, UmprovError
 
 HEAVY = ("ansible", "ansible_runner", "docker", "paramiko", "rich", "torch")
@@ -150,13 +150,12 @@ def plugin_hello(name: str) -> int:
 
 @pytest.fixture
 def plugins(monkeypatch: pytest.MonkeyPatch):
-    """Stand-in entry points of the group umprov.commands."""
-    from importlib import metadata
+    """Stand-in entry points of the group umprov.commands, from a distribution "plugin-test"."""
+    from umprov.cli import plugins as found
 
     def use(**commands: str) -> None:
-        eps = [metadata.EntryPoint(name, value, PLUGIN_GROUP) for name, value in commands.items()]
-        monkeypatch.setattr(metadata, "entry_points",
-                            lambda group: [ep for ep in eps if ep.group == group])
+        declared = tuple(found.Plugin(name, value, "plugin-test") for name, value in commands.items())
+        monkeypatch.setattr(found, "installed", lambda: declared)
 
     return use
 

@@ -17,15 +17,14 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from umprov import __version__
+from umprov.cli import plugins
+from umprov.cli.plugins import Plugin
 from umprov.errors import ExitCode, Terminated, UmprovError
-
-if TYPE_CHECKING:
-    from importlib.metadata import EntryPoint
 
 # name -> "module:attribute"; the order here is the order in --help.
 COMMANDS: dict[str, str] = {
@@ -37,28 +36,29 @@ COMMANDS: dict[str, str] = {
     "image": "umprov.cli.image:image",
     "inventory": "umprov.cli.inventory:inventory",
 }
-PLUGIN_GROUP = "umprov.commands"
 
 
-def plugin_commands() -> dict[str, EntryPoint]:
+def plugin_commands() -> dict[str, Plugin]:
     """Commands other distributions add (entry point group ``umprov.commands``), by name; a
-    built-in command's name is never taken over."""
-    from importlib import metadata
+    built-in command's name is never taken over, and the first of a name wins."""
+    found: dict[str, Plugin] = {}
+    for plugin in plugins.installed():
+        if plugin.name not in COMMANDS:
+            found.setdefault(plugin.name, plugin)
+    return found
 
-    found = metadata.entry_points(group=PLUGIN_GROUP)
-    return {ep.name: ep for ep in found if ep.name not in COMMANDS}
 
-
-def _load_plugin(ep: EntryPoint) -> click.Command:
-    source = ep.dist.name if ep.dist is not None else ep.value
+def _load_plugin(plugin: Plugin) -> click.Command:
     try:
-        command = ep.load()
+        command = plugin.load()
     except Exception as exc:  # noqa: BLE001 - a broken plugin is a prerequisite problem
-        raise UmprovError(f"the command {ep.name!r} from {source} cannot be loaded: {exc}",
-                          exit_code=ExitCode.ENVIRONMENT) from None
+        raise UmprovError(
+            f"the command {plugin.name!r} from {plugin.source} cannot be loaded: {exc}",
+            exit_code=ExitCode.ENVIRONMENT) from None
     if not isinstance(command, click.Command):
-        raise UmprovError(f"the command {ep.name!r} from {source} is not a Click command",
-                          exit_code=ExitCode.ENVIRONMENT)
+        raise UmprovError(
+            f"the command {plugin.name!r} from {plugin.source} is not a Click command",
+            exit_code=ExitCode.ENVIRONMENT)
     return command
 
 
@@ -100,9 +100,8 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-def _plugin_help(ep: EntryPoint) -> str:
-    source = ep.dist.name if ep.dist is not None else "another package"
-    return f"Commands from {source} (umprov {ep.name} --help)."
+def _plugin_help(plugin: Plugin) -> str:
+    return f"Commands from {plugin.source} (umprov {plugin.name} --help)."
 
 
 def _stack_versions() -> list[tuple[str, str]]:
