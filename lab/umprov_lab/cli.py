@@ -28,8 +28,11 @@ def lab() -> None:
 @click.option("--registry", is_flag=True,
               help="Also run a private registry behind TLS on the lab network (needs Debian's "
                    "docker-registry here); the inventory gives the hosts its CA.")
+@click.option("--from-image", "base", metavar="IMAGE",
+              help="Start new hosts from this image, a snapshot of a converged lab host "
+                   "(`umprov lab snapshot`), instead of the plain host image.")
 @json_option
-def up(count: int, name: str, registry: bool, as_json: bool) -> int:
+def up(count: int, name: str, registry: bool, base: str | None, as_json: bool) -> int:
     """Create (or complete) a lab and write its inventory and known_hosts.
 
     Idempotent: a second call with the same arguments changes nothing and says so.
@@ -42,7 +45,7 @@ def up(count: int, name: str, registry: bool, as_json: bool) -> int:
     """
     from umprov_lab import lab as lab_mod
 
-    result = lab_mod.up(name, count, progress=say, registry=registry)
+    result = lab_mod.up(name, count, progress=say, registry=registry, base=base)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -55,6 +58,34 @@ def up(count: int, name: str, registry: bool, as_json: bool) -> int:
             say(f"registry: hosts pull from {reg.address}; push from here to {reg.local} "
                 f"(CA: {reg.ca_file})")
         say("changed: " + "; ".join(result.changes) if result.changes else "nothing changed")
+    return 0
+
+
+@lab.command("snapshot")
+@lab_name_option
+@click.option("--host", "index", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Which host of the lab (its number).")
+@click.option("--tag", required=True, metavar="REPOSITORY:TAG", help="Name of the image to save.")
+@json_option
+def snapshot(name: str, index: int, tag: str, as_json: bool) -> int:
+    """Save a converged lab host as an image that `lab up --from-image` starts hosts from.
+
+    The copy leaves out the host's SSH host keys, machine id and authorised lab key (new
+    hosts make their own); the host itself keeps running untouched.
+
+    \b
+    Example:
+      umprov provision lab/seed --only docker
+      umprov lab snapshot --name seed --tag umprov-lab-host:docker
+      umprov lab up --name work --hosts 3 --from-image umprov-lab-host:docker
+    """
+    from umprov_lab import snapshot as snapshot_mod
+
+    image_id = snapshot_mod.snapshot(name, index, tag, progress=say)
+    if as_json:
+        emit_json({"lab": name, "host": index, "tag": tag, "image_id": image_id})
+    else:
+        say(f"saved lab '{name}' host {index} as {tag} ({image_id[:19]})")
     return 0
 
 

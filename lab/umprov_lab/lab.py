@@ -67,8 +67,10 @@ class LabResult:
         }
 
 
-def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = False) -> LabResult:
-    """Create or complete a lab; ``registry`` adds the lab registry (kept by later calls)."""
+def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = False,
+       base: str | None = None) -> LabResult:
+    """Create or complete a lab; ``registry`` adds the lab registry (kept by later calls);
+    ``base``: new hosts start from this image (a snapshot) instead of the host image."""
     check_lab_name(name)
     if not 1 <= count <= 64:
         raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
@@ -76,6 +78,8 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
         client = docker_engine(progress)
         ensure_inotify_limits(progress)
         image, built = ensure_host_image(client, progress)
+    if base is not None:
+        _check_base(client, base)
     changes: list[str] = []
     if built:
         changes.append(f"built image {image}")
@@ -89,7 +93,7 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
     changes += ensure_repo(client, name, image, progress)
 
     taken: set[int] = set()
-    hosts = _ensure_hosts(client, name, count, image, taken, changes, progress)
+    hosts = _ensure_hosts(client, name, count, base or image, taken, changes, progress)
     public_key = key_file.with_suffix(".pub").read_text()
     for host in hosts:
         container = client.containers.get(host.container)
@@ -111,6 +115,16 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
                                                     lab_registry)):
         changes.append(f"wrote {inventory}")
     return LabResult(name, inventory, known_hosts, key_file, hosts, changes, lab_registry)
+
+
+def _check_base(client: Any, base: str) -> None:
+    from docker.errors import ImageNotFound
+
+    try:
+        client.images.get(base)
+    except ImageNotFound:
+        raise ConfigError(f"--from-image {base}: no such image on this engine "
+                          "(`umprov lab snapshot` makes one from a lab host)") from None
 
 
 def _ensure_hosts(client: Any, name: str, count: int, image: str, taken: set[int],

@@ -61,6 +61,58 @@ def lab_image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         return json.loads(shared.read_text())
 
 
+# What decides what `provision --only docker` leaves on a host: the roles, the playbooks, the
+# variables the lab writes, and the host image it starts from.
+_SEED_INPUTS = ("roles", "playbooks", "lab/umprov_lab/inventory.py",
+                "lab/umprov_lab/stand_in_repo.py", "ansible.cfg")
+
+
+def docker_host_tag() -> str:
+    """The snapshot's tag: a digest of what makes it, so a changed role makes a new one."""
+    import hashlib
+
+    from umprov_lab.host_image import recipe_tag
+
+    digest = hashlib.sha256(recipe_tag().encode())
+    for top in _SEED_INPUTS:
+        root = REPO / top
+        for path in sorted(root.rglob("*") if root.is_dir() else [root]):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return f"umprov-lab-host:docker-{digest.hexdigest()[:12]}"
+
+
+@pytest.fixture(scope="session")
+def docker_host_image() -> str:
+    """A lab host that `provision --only docker` converged, saved by `umprov lab snapshot`, for
+    the modules whose tests run on Docker rather than install it (deploy, multinode, pull):
+    they start their hosts from it and their own `provision --only docker` finds little to do.
+    Made once per machine and kept (keyed by docker_host_tag); workers wait on one lock."""
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
+
+    tag = docker_host_tag()
+    with open(Path(tempfile.gettempdir()) / "umprov-test-lab-seed.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode:
+            seed = lab_name("pytest-seed")
+            try:
+                up = cli("lab", "up", "--hosts", "1", "--name", seed, "--json")
+                assert up.exit_code == 0, up.stderr
+                prov = cli("provision", json.loads(up.stdout)["inventory"], "--only", "docker",
+                           "--json")
+                assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
+                saved = cli("lab", "snapshot", "--name", seed, "--tag", tag)
+                assert saved.exit_code == 0, saved.stderr
+            finally:
+                cli("lab", "down", "--name", seed)
+    return tag
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/lab/" in str(item.fspath):

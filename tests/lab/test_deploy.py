@@ -52,7 +52,8 @@ def _ensure_docker(inventory: str) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json")
+    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json",
+              "--from-image", request.getfixturevalue("docker_host_image"))
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
     key, known = Path(data["key_file"]), Path(data["known_hosts"])

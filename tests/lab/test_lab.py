@@ -131,6 +131,41 @@ def test_status_lists_the_hosts(lab_up, umprov_module_cli):
     assert sorted(r["host"] for r in rows) == [f"lab-{NAME}-1", f"lab-{NAME}-2"]
 
 
+def test_snapshot_starts_hosts_with_their_own_keys(lab_up, umprov_module_cli, docker_client):
+    """A host saved by `lab snapshot` starts another lab's hosts: the file system travels (a
+    marker file), the host's identity does not (new SSH host keys, empty machine id)."""
+    key, known = Path(lab_up["key_file"]), Path(lab_up["known_hosts"])
+    first = lab_up["hosts"][0]
+    marked = ssh(key, known, first["port"], "sudo -n sh -c 'echo seeded > /etc/umprov-marker'")
+    assert marked.returncode == 0, marked.stderr
+    tag, copy = f"umprov-lab-host:{NAME}-test", lab_name("pytest-copy")
+    saved = umprov_module_cli("lab", "snapshot", "--name", NAME, "--tag", tag, "--json")
+    assert saved.exit_code == 0, saved.stderr
+    try:
+        up = umprov_module_cli("lab", "up", "--hosts", "1", "--name", copy, "--from-image", tag,
+                               "--json")
+        assert up.exit_code == 0, up.stderr
+        data = json.loads(up.stdout)
+        host = data["hosts"][0]
+        out = ssh(Path(data["key_file"]), Path(data["known_hosts"]), host["port"],
+                  "cat /etc/umprov-marker; hostname; wc -c < /etc/machine-id")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[:2] == ["seeded", host["name"]]
+        source_keys = {" ".join(ln.split()[1:3]) for ln in known.read_text().splitlines()}
+        copy_keys = {" ".join(ln.split()[1:3])
+                     for ln in Path(data["known_hosts"]).read_text().splitlines()}
+        assert copy_keys and not copy_keys & source_keys  # its own host keys
+        # The source host runs on, untouched.
+        still = ssh(key, known, first["port"], "cat /etc/umprov-marker")
+        assert still.returncode == 0 and still.stdout.strip() == "seeded"
+    finally:
+        umprov_module_cli("lab", "down", "--name", copy)
+        docker_client.images.remove(tag)
+    missing = umprov_module_cli("lab", "up", "--name", copy, "--from-image", tag)
+    assert missing.exit_code == 4 and "--from-image" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+
 def test_down_leaves_only_the_cached_image(lab_up, umprov_module_cli, docker_client):
     from umprov_lab.host_image import recipe_tag
     from umprov_lab.layout import LABEL, inventory_path, lab_dir

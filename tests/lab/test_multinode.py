@@ -33,7 +33,8 @@ def cli(*args: str) -> Any:
 
 @pytest.fixture(scope="module", autouse=True)
 def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    up = cli("lab", "up", "--hosts", "3", "--name", NAME, "--json")
+    up = cli("lab", "up", "--hosts", "3", "--name", NAME, "--json",
+              "--from-image", request.getfixturevalue("docker_host_image"))
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
     try:

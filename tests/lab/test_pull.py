@@ -42,7 +42,8 @@ def host_ssh(index: int, command: str) -> Any:
 
 @pytest.fixture(scope="module", autouse=True)
 def lab(docker_client: Any, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--registry", "--json")
+    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--registry", "--json",
+              "--from-image", request.getfixturevalue("docker_host_image"))
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
     assert data["registry"]["address"] == f"umprov-lab-{NAME}-registry:5000"

@@ -12,7 +12,7 @@ import pytest
 
 from umprov.cli import COMMANDS, plugin_commands
 
-LAB_COMMANDS = ("up", "status", "down", "image")
+LAB_COMMANDS = ("up", "status", "down", "image", "snapshot")
 
 
 def test_lab_is_a_plugin_not_a_built_in() -> None:
