@@ -10,9 +10,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 # A name umprov files something under (a host's token, ssh_config, connection record) and writes
 # into ssh_config and known_hosts as part of an alias: a letter or digit, then letters, digits,
-# ".", "_", "-" or ":". So it cannot leave its folder ("../x", "a/b"), hide (".x"), or carry a
-# space, a quote, a glob or a newline into a config line.
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}", re.ASCII)
+# ".", "_" or "-". So it cannot leave its folder ("../x", "a/b"), hide (".x"), or carry a space,
+# a quote, a glob, a newline or a ":" (ProxyJump's port) into a config line.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", re.ASCII)
 
 
 def project_dir() -> Path:
@@ -47,8 +47,8 @@ def safe_name(name: str, what: str = "name") -> str:
     SSH alias); ValueError naming it otherwise. Never mapped: two hosts never share a file."""
     if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name):
         raise ValueError(
-            f"{what} {name!r:.80} cannot name umprov's files: use letters, digits, '.', '_', '-' "
-            "or ':' (starting with a letter or digit, 200 at most)"
+            f"{what} {name!r:.80} cannot name umprov's files: use letters, digits, '.', '_' or "
+            "'-' (starting with a letter or digit, 200 at most; ansible_host holds the address)"
         )
     return name
 

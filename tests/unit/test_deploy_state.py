@@ -18,7 +18,7 @@ from umprov.paths import safe_name
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC4xqZ1vUQ0n0Fvh5yq0i7XGkQm0sKQdLqJ6dW7b7c1T me@laptop"
 UNSAFE_NAMES = ["../x", "a/b", "/etc/passwd", "..", ".hidden", "", "gpu 1", "gpu*", "a\nb",
-                "x" * 201, "-oProxyCommand=x", "gpu,1"]
+                "x" * 201, "-oProxyCommand=x", "gpu,1", "fe80::1"]
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def ssh_resolved(conf: str, alias: str, tmp_path: Path) -> dict[str, list[str]]:
 # --- host names and the files named after them -------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["gpu1", "gpu-01.example.com", "10.0.0.5", "node_7", "fe80::1"])
+@pytest.mark.parametrize("name", ["gpu1", "gpu-01.example.com", "10.0.0.5", "node_7", "GPU.A-1"])
 def test_ordinary_host_names_name_their_files_as_they_are(name: str, state_dir: Path) -> None:
     assert safe_name(name) == name
     assert state.token_path(name) == state_dir / "tokens" / f"{name}.token"
