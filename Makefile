@@ -31,10 +31,12 @@ $(BIN)/umprov: pyproject.toml lab/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]' -e ./lab
-	@# The verifier's CPU self-tests (gloo) want torch. Only a CPU wheel already on disk is used:
-	@# a plain `pip install torch` would download a multi-GB CUDA build.
-	@w=$$(ls /opt/wheels/torch-*+cpu-cp3*-*.whl 2>/dev/null | grep "cp$$($(BIN)/python -c 'import sys;print(f"{sys.version_info[0]}{sys.version_info[1]}")')-" | head -n1); \
-	  if [ -n "$$w" ]; then $(BIN)/pip install -q "$$w"; else echo "no local CPU torch wheel: the gloo self-tests will be skipped"; fi
+	@# The verifier's CPU self-tests (gloo) want torch: a CPU wheel, found as `umprov lab image`
+	@# finds one (UMPROV_LAB_TORCH_WHEEL, /opt/wheels, .lab/wheels, PyTorch's CPU index where it
+	@# answers: lab/umprov_lab/torch_wheel.py). A plain `pip install torch` would download a
+	@# multi-GB CUDA build.
+	@if w=$$($(BIN)/python -m umprov_lab.torch_wheel); then $(BIN)/pip install -q "$$w"; \
+	  else echo "no CPU torch wheel: the gloo self-tests will be skipped"; fi
 	@touch $@
 
 venv: $(BIN)/umprov

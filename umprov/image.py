@@ -10,7 +10,8 @@ Two flavours of the one Dockerfile:
 - the default: the official PyTorch CUDA runtime image, which already has torch (its conda
   Python is reused through a ``--system-site-packages`` venv);
 - a base without torch (e.g. the lab's Debian 12 host image: python3.11, no pip): torch comes
-  from a wheel carried in the context (``torch_wheel``).
+  from a wheel carried in the context (``torch_wheel``), or, without one, the image has no
+  torch (JupyterLab and SSH work; ``umprov verify`` reports that torch cannot be imported).
 """
 
 from __future__ import annotations

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+
+# A name umprov files something under (a host's token, ssh_config, connection record) and writes
+# into ssh_config and known_hosts as part of an alias: a letter or digit, then letters, digits,
+# ".", "_" or "-". So it cannot leave its folder ("../x", "a/b"), hide (".x"), or carry a space,
+# a quote, a glob, a newline or a ":" (ProxyJump's port) into a config line.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", re.ASCII)
 
 
 def project_dir() -> Path:
@@ -33,6 +40,22 @@ def state_dir() -> Path:
         xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         base = Path(xdg) / "umprov"
     return private_dir(base)
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """``name`` itself when it can be a file name in one of umprov's folders (and part of an
+    SSH alias); ValueError naming it otherwise. Never mapped: two hosts never share a file."""
+    if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name):
+        raise ValueError(
+            f"{what} {name!r:.80} cannot name umprov's files: use letters, digits, '.', '_' or "
+            "'-' (starting with a letter or digit, 200 at most; ansible_host holds the address)"
+        )
+    return name
+
+
+def state_file(folder: str, name: str, suffix: str) -> Path:
+    """state_dir()/FOLDER/NAME+SUFFIX for a host's ``name`` (safe_name), always inside FOLDER."""
+    return state_dir() / folder / f"{safe_name(name, 'host name')}{suffix}"
 
 
 def private_dir(path: Path) -> Path:

@@ -5,7 +5,9 @@
 #   SSH_AUTHORIZED_KEYS       public key line(s) for $UMPROV_USER, or
 #   SSH_AUTHORIZED_KEYS_FILE  a file holding them (default /etc/umprov/authorized_keys)
 #   JUPYTER_TOKEN_FILE        a file holding the Jupyter token (default: /run/secrets/jupyter_token
-#                             if present, else /etc/umprov/jupyter_token), or JUPYTER_TOKEN
+#                             if present, else /etc/umprov/jupyter_token), or JUPYTER_TOKEN;
+#                             Jupyter gets a copy only its user reads (/run/umprov/jupyter_token)
+#   SSH_ALLOW_AGENT_FORWARDING  yes to let ssh -A forward an agent into the container (default no)
 #   JUPYTER_IP, JUPYTER_PORT  where Jupyter listens inside the container (0.0.0.0:8888); the
 #                             host side is decided by port publishing (umprov deploy --bind)
 # The token is never printed; Jupyter itself shows a provided token as "...".
@@ -47,22 +49,39 @@ chmod 0644 "$auth_file.tmp"
 mv -f "$auth_file.tmp" "$auth_file"
 unset SSH_AUTHORIZED_KEYS
 
-# --- Jupyter token: required ---------------------------------------------------------------
-token_file=${JUPYTER_TOKEN_FILE:-}
-if [ -z "$token_file" ]; then
+# --- Jupyter token: required; Jupyter reads it from a file only its user can read ----------
+# Never through an environment: a process's environment stays readable in /proc/PID/environ
+# for its whole life, and kernels and terminals would inherit it.
+token_src=${JUPYTER_TOKEN_FILE:-}
+if [ -z "$token_src" ]; then
     if [ -s /run/secrets/jupyter_token ]; then
-        token_file=/run/secrets/jupyter_token
+        token_src=/run/secrets/jupyter_token
     else
-        token_file=/etc/umprov/jupyter_token
+        token_src=/etc/umprov/jupyter_token
     fi
 fi
-token=${JUPYTER_TOKEN:-}
-if [ -z "$token" ] && [ -s "$token_file" ]; then
-    token=$(tr -d '\r\n' < "$token_file")
-fi
+token_dir=/run/umprov
+token_file=$token_dir/jupyter_token
+mkdir -p "$token_dir"
+chown "$uid:$gid" "$token_dir"
+chmod 0700 "$token_dir"
+(
+    umask 077
+    if [ -n "${JUPYTER_TOKEN:-}" ]; then
+        printf '%s' "$JUPYTER_TOKEN" > "$token_file.tmp"  # printf is a builtin: no argv
+    elif [ -s "$token_src" ]; then
+        tr -d '\r\n' < "$token_src" > "$token_file.tmp"
+    else
+        : > "$token_file.tmp"
+    fi
+)
 unset JUPYTER_TOKEN
-[ -n "$token" ] || die "no Jupyter token given: set JUPYTER_TOKEN_FILE (or JUPYTER_TOKEN)"
-[ "${#token}" -ge 16 ] || die "the Jupyter token is too short (16 characters at least)"
+length=$(wc -c < "$token_file.tmp")
+[ "$length" -gt 0 ] || die "no Jupyter token given: set JUPYTER_TOKEN_FILE (or JUPYTER_TOKEN)"
+[ "$length" -ge 16 ] || die "the Jupyter token is too short (16 characters at least)"
+chown "$uid:$gid" "$token_file.tmp"
+chmod 0600 "$token_file.tmp"
+mv -f "$token_file.tmp" "$token_file"
 
 # --- /workspace belongs to the user (a fresh volume may come up root-owned) -----------------
 if [ "$(stat -c %u /workspace)" != "$uid" ]; then
@@ -78,21 +97,25 @@ for name in PATH LD_LIBRARY_PATH CUDA_HOME CUDA_VERSION NVIDIA_VISIBLE_DEVICES \
         setenv+=("$name=$value")
     fi
 done
+agent_forwarding=${SSH_ALLOW_AGENT_FORWARDING:-no}
+case "$agent_forwarding" in
+    yes|no) ;;
+    *) die "SSH_ALLOW_AGENT_FORWARDING must be yes or no, not '$agent_forwarding'" ;;
+esac
 mkdir -p /run/sshd
 chmod 0755 /run/sshd
 /usr/sbin/sshd -t -o "AllowUsers=$user" || die "sshd configuration is invalid"
 /usr/sbin/sshd -D -e -o "AllowUsers=$user" -o "Port=${SSH_PORT:-22}" \
-    -o "SetEnv=${setenv[*]}" &
+    -o "AllowAgentForwarding=$agent_forwarding" -o "SetEnv=${setenv[*]}" &
 sshd_pid=$!
 
 # --- Jupyter as the user ---------------------------------------------------------------------
 cd /workspace
 env -u SSH_AUTHORIZED_KEYS_FILE HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
-    JUPYTER_TOKEN="$token" \
+    JUPYTER_TOKEN_FILE="$token_file" \
     setpriv --reuid="$uid" --regid="$gid" --init-groups \
     jupyter lab --config=/etc/jupyter/jupyter_server_config.py &
 jupyter_pid=$!
-unset token
 
 stopping=0
 stop_all() {

@@ -1,15 +1,19 @@
 # umprov container Jupyter server configuration (system-wide, /etc/jupyter).
-# The token is never written here: the entrypoint passes it from the deploy in JUPYTER_TOKEN.
-# It is taken out of the environment at once, so kernels and terminals (children of this
-# process) do not inherit it: `!env` in a notebook would otherwise print it into the notebook.
+# The token is never written here, nor given in an environment (a process's environment stays
+# readable in /proc for its life, and kernels and terminals inherit it: `!env` in a notebook
+# would print it): the entrypoint leaves it in a file only this user reads, named by
+# JUPYTER_TOKEN_FILE. A JUPYTER_TOKEN set by hand is taken out of the environment all the same.
 import os
 
 c = get_config()  # noqa: F821 (provided by Jupyter when it loads this file)
 
-_token = os.environ.pop("JUPYTER_TOKEN", "")
-if _token:
-    c.IdentityProvider.token = _token
-del _token
+os.environ.pop("JUPYTER_TOKEN", None)
+with open(os.environ["JUPYTER_TOKEN_FILE"], encoding="utf-8") as _fh:
+    _token = _fh.read().strip()
+if len(_token) < 16:
+    raise SystemExit("umprov: the Jupyter token file holds no token of 16 characters or more")
+c.IdentityProvider.token = _token
+del _token, _fh
 
 c.ServerApp.ip = os.environ.get("JUPYTER_IP", "0.0.0.0")  # noqa: S104 (inside the container)
 c.ServerApp.port = int(os.environ.get("JUPYTER_PORT", "8888"))

@@ -6,5 +6,6 @@ itself never imports it.
 Modules: ``lab`` (up, status, down), ``hosts`` (the host containers), ``host_image`` (their
 image), ``stand_in_repo`` and ``apt_repo`` (the signed stand-in of NVIDIA's repositories),
 ``registry`` (a TLS registry), ``inventory`` (what ``lab up`` writes), ``image`` (the PyTorch
-image for lab hosts), ``engine`` (Docker and kernel limits here), ``cli``.
+image for lab hosts) and ``torch_wheel`` (its CPU torch), ``engine`` (Docker and kernel limits
+here), ``cli``.
 """

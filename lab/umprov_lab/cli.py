@@ -5,8 +5,6 @@ umprov's output helpers load with it, so `umprov --help` stays fast."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from umprov.cli.options import json_option
@@ -130,11 +128,13 @@ def down(name: str, purge: bool, as_json: bool) -> int:
 @lab.command("image")
 @click.option("--tag", metavar="TAG", help="Tag for the built image (default: the one lab "
               "inventories name, umprov/pytorch-cuda:VERSION-lab).")
-@click.option("--torch-wheel", type=click.Path(dir_okay=False, path_type=Path),
-              help="CPU torch wheel to carry in the context (default: UMPROV_LAB_TORCH_WHEEL, "
-                   "else the one under /opt/wheels).")
+@click.option("--torch-wheel", metavar="WHEEL|FOLDER|none",
+              help="CPU torch wheel to carry in the context, a folder holding one, or 'none' to "
+                   "build without torch (default: UMPROV_LAB_TORCH_WHEEL, else /opt/wheels, "
+                   ".lab/wheels, then PyTorch's CPU index where it answers; without any, the "
+                   "image has no torch and verify says so).")
 @json_option
-def image(tag: str | None, torch_wheel: Path | None, as_json: bool) -> int:
+def image(tag: str | None, torch_wheel: str | None, as_json: bool) -> int:
     """Build the PyTorch image lab hosts run: the lab's Debian 12 base with a CPU torch.
 
     Built on this machine's engine; `umprov deploy --push` takes it to the hosts.

@@ -11,7 +11,12 @@ from umprov_lab.hosts import LabHost
 from umprov_lab.image import LAB_TAG
 from umprov_lab.layout import LAB_USER
 from umprov_lab.registry import LabRegistry
-from umprov_lab.stand_in_repo import relative_urls, repo_url, role_variables
+from umprov_lab.stand_in_repo import (
+    relative_urls,
+    repo_url,
+    role_variables,
+    signing_fingerprint,
+)
 
 # PID 1's start time (jiffies after the kernel's boot) changes when a lab host's container
 # restarts, which the kernel's boot_id, shared with the machine, does not.
@@ -19,10 +24,17 @@ LAB_BOOT_TIME_COMMAND = "cut -d' ' -f22 /proc/1/stat"
 
 
 def lab_role_vars(name: str) -> dict[str, Any]:
-    """Role variables that point the roles at the lab: its stand-in repositories, no GPU."""
+    """Role variables that point the roles at the lab: its stand-in repositories (and the
+    fingerprint of the key they are signed with, once built), no GPU."""
     served = {"relative_urls": relative_urls(host_arch())}
+    fingerprint = signing_fingerprint(name)
+    keys = {} if fingerprint is None else {
+        "nvidia_driver_cuda_repo_key_fingerprints": [fingerprint],
+        "nvidia_container_toolkit_repo_key_fingerprints": [fingerprint],
+    }
     return {
         **role_variables(repo_url(name), served),
+        **keys,
         "nvidia_driver_require_gpu": False,
         # A container runs the machine's kernel, whose headers no apt repository has.
         "nvidia_driver_require_kernel_headers": False,

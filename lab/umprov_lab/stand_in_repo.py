@@ -23,6 +23,7 @@ import functools
 import hashlib
 import os
 import shutil
+import subprocess  # noqa: S404 - gpg on the control machine
 import tempfile
 import tomllib
 from pathlib import Path
@@ -218,6 +219,21 @@ def role_variables(base_url: str, repo: dict) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------
 # Serving it to a lab
+
+
+def signing_fingerprint(name: str) -> str | None:
+    """The fingerprint of the key a lab's stand-in repository is signed with, which the roles
+    check the downloaded key against; None before the repository was first built."""
+    home = lab_dir(name) / "repo-key" / "gnupg"
+    if not home.is_dir():
+        return None
+    proc = subprocess.run(  # noqa: S603 - public keys only: no agent is started
+        ["gpg", "--batch", "--no-tty", "--homedir", str(home), "--with-colons",  # noqa: S607
+         "--list-keys", KEY_UID],
+        capture_output=True, text=True, check=False,
+    )
+    fprs = [ln.split(":")[9] for ln in proc.stdout.splitlines() if ln.startswith("fpr:")]
+    return fprs[0] if proc.returncode == 0 and fprs else None
 
 
 def repo_url(name: str) -> str:

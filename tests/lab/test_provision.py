@@ -438,11 +438,29 @@ def wrong_key_url(faults_lab: Lab) -> str:
     return f"http://umprov-lab-{FAULTS}-repo:8080/wrong-key.asc"
 
 
+def test_a_signing_key_with_another_fingerprint_never_reaches_apt(
+    faults_lab: Lab, wrong_key_url: str
+) -> None:
+    """The roles check the key they download against the fingerprints its vendor publishes (the
+    lab inventory names its own key's): a swapped key is removed, naming it and the variable."""
+    host = faults_lab.hosts[2]
+    keyring = "/etc/apt/keyrings/umprov-nvidia-container-toolkit.asc"
+    run = provision(FAULTS, "--limit", host.name, "--only", "toolkit",
+                    "-e", f"nvidia_container_toolkit_repo_key_url={wrong_key_url}")
+    assert run.exit_code == 10, run.explain()
+    failure = run.hosts[host.name]["failure"] or ""
+    assert "nvidia_container_toolkit_repo_key_fingerprints" in failure, failure
+    assert "wrong-key.asc has fingerprint" in failure, failure
+    assert not host.exists(keyring)
+    assert host.package_version("nvidia-container-toolkit") is None
+
+
 def test_repository_signed_by_another_key_fails_naming_it(
     faults_lab: Lab, wrong_key_url: str
 ) -> None:
     # Last on this host: its toolkit source stays broken afterwards, and a broken source fails
-    # every later apt update on the host, whichever role runs it.
+    # every later apt update on the host, whichever role runs it. The fingerprint check is
+    # turned off, so that the wrong key reaches apt: apt itself must refuse the repository.
     host = faults_lab.hosts[2]
     run = provision(
         FAULTS,
@@ -452,6 +470,8 @@ def test_repository_signed_by_another_key_fails_naming_it(
         "toolkit",
         "-e",
         f"nvidia_container_toolkit_repo_key_url={wrong_key_url}",
+        "-e",
+        "nvidia_container_toolkit_repo_key_fingerprints=[]",
     )
     assert run.exit_code == 10, run.explain()
     result = run.hosts[host.name]

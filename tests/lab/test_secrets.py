@@ -388,6 +388,9 @@ def container_views(flow: Flow) -> Path:
             ("top.txt", "docker top umprov -eo uid,user,pid,args"),
             ("logs.txt", "docker logs umprov 2>&1"),
             ("env.txt", "docker exec umprov sh -c 'cat /proc/1/environ | tr \"\\0\" \"\\n\"'"),
+            # Every process of the container: Jupyter, its kernels, sshd, the entrypoint.
+            ("environs.txt", "docker exec -u root umprov sh -c "
+             "'for e in /proc/[0-9]*/environ; do tr \"\\0\" \"\\n\" 2>/dev/null < $e; done; true'"),
         ):
             done = flow.on_host(name, command)
             assert done.returncode == 0, (name, view, done.stderr)
@@ -473,7 +476,7 @@ def test_token_not_in_container_config_command_line_or_logs(
         for part in (config["Env"], config["Labels"], config["Cmd"], config["Entrypoint"],
                      inspect["Args"], inspect["Path"]):
             assert token not in json.dumps(part)
-        for view in ("top.txt", "logs.txt", "env.txt"):
+        for view in ("top.txt", "logs.txt", "env.txt", "environs.txt"):
             assert token not in (container_views / f"{name}-{view}").read_text(), view
 
 

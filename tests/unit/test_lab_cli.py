@@ -65,6 +65,7 @@ def test_lab_image_builds_on_the_lab_base_with_the_cpu_wheel(
     from umprov_lab.image import LAB_TAG
 
     wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.touch()
     monkeypatch.setenv("UMPROV_LAB_TORCH_WHEEL", str(wheel))
     monkeypatch.setattr(engine, "docker_engine", lambda *a, **k: "client")
     monkeypatch.setattr(host_image, "ensure_host_image", lambda client, progress: ("base:1", False))
@@ -82,5 +83,7 @@ def test_lab_image_builds_on_the_lab_base_with_the_cpu_wheel(
     assert asked[0]["client"] == "client"
     assert (asked[0]["base"], asked[0]["tag"], asked[0]["torch_wheel"]) == (
         "base:1", LAB_TAG, wheel)
-    assert umprov_cli("lab", "image", "--tag", "t:1", "--torch-wheel", "w.whl").exit_code == 0
-    assert (asked[1]["tag"], asked[1]["torch_wheel"]) == ("t:1", Path("w.whl"))
+    other = tmp_path / "w.whl"
+    other.touch()
+    assert umprov_cli("lab", "image", "--tag", "t:1", "--torch-wheel", str(other)).exit_code == 0
+    assert (asked[1]["tag"], asked[1]["torch_wheel"]) == ("t:1", other)

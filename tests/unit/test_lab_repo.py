@@ -179,3 +179,20 @@ def test_lab_inventory_names_the_folders_the_build_made(repo: dict) -> None:
         assert (repo["root"] / variables[key].removeprefix(base) / "InRelease").is_file(), key
     assert variables["nvidia_driver_cuda_repo_key_url"] == base + "umprov-lab.asc"
     assert (repo["root"] / "umprov-lab.asc").is_file()
+
+
+def test_lab_inventory_names_the_lab_keys_fingerprint_for_the_roles_check(
+    repo: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The roles check the downloaded key against its vendor's fingerprint by default; the lab's
+    stand-in repository signs with its own key, whose fingerprint the lab inventory names."""
+    from umprov_lab.inventory import lab_role_vars
+
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(tmp_path))
+    assert "nvidia_driver_cuda_repo_key_fingerprints" not in lab_role_vars("t")  # not built yet
+    (tmp_path / ".lab" / "t").mkdir(parents=True)
+    (tmp_path / ".lab" / "t" / "repo-key").symlink_to(Path(repo["gnupghome"]).parent)
+    variables = lab_role_vars("t")
+    for name in ("nvidia_driver_cuda_repo_key_fingerprints",
+                 "nvidia_container_toolkit_repo_key_fingerprints"):
+        assert variables[name] == [repo["fingerprint"]], name

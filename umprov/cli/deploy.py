@@ -11,7 +11,7 @@ import click
 from umprov.cli.options import inventory_argument, json_option
 from umprov.hosts import render
 from umprov.hosts.progress import size_text
-from umprov.output import emit_json, print_outcomes, say_problems
+from umprov.output import emit_json, print_outcomes, say, say_problems
 
 if TYPE_CHECKING:
     from umprov.hosts.results import HostOutcome
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 @click.option("--ssh-port", type=int, help="Host port for SSH into the container (default 2222).")
 @click.option("--jupyter-port", type=int, help="Host port for Jupyter (default 8888).")
 @click.option("--bind", metavar="ADDRESS", help="Host address the ports are published on "
-              "(default 127.0.0.1: reach them through the host over SSH).")
+              "(default 127.0.0.1: reach them through the host over SSH; any other address "
+              "makes SSH and Jupyter reachable from the network, and deploy warns).")
 @click.option("--authorized-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Public key allowed to log in (default: ~/.ssh/id_ed25519.pub or id_rsa.pub).")
 @click.option("--name", metavar="NAME", help="Container name (default: umprov).")
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 @click.option("--trust-new-hosts", is_flag=True,
               help="Record the host keys of hosts never seen before (first contact only; a "
               "changed key is still refused).")
+@click.option("--allow-agent-forwarding", is_flag=True,
+              help="Let `ssh -A` forward your SSH agent into the container (off by default: "
+              "root in the container could use your keys while you are logged in).")
 @json_option
 def deploy(
     inventory: str | None,
@@ -59,6 +63,7 @@ def deploy(
     shm_size: str,
     force: bool,
     trust_new_hosts: bool,
+    allow_agent_forwarding: bool,
     as_json: bool,
 ) -> int:
     """Run the PyTorch container (SSH + Jupyter) on every host, in parallel.
@@ -70,7 +75,7 @@ def deploy(
     umprov deploy lab/demo --push --gpus none --limit lab-demo-1
     umprov status --connect lab-demo-1      # ssh command and Jupyter URL
     """
-    from umprov.deploy.options import DeployOptions, checked
+    from umprov.deploy.options import DeployOptions, checked, network_exposure
     from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
 
@@ -85,8 +90,11 @@ def deploy(
         shm_size=shm_size,
         force=force,
         trust_new=trust_new_hosts,
+        agent_forwarding=allow_agent_forwarding,
     ), authorized_key)
     hosts = list(load_inventory(inventory).select(limit))
+    for warning in network_exposure(hosts, opts):
+        say(f"umprov: {warning}")
     local_client = None
     if opts.delivery == "push":
         from umprov.hosts.engine import local_engine

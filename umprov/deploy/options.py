@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from umprov.errors import ConfigError
-from umprov.hosts import HostLike
+from umprov.errors import ConfigError, UmprovError
+from umprov.hosts import HostLike, is_loopback
 from umprov.inventory import flag
 
 DEFAULT_NAME = "umprov"
@@ -135,6 +135,7 @@ class DeployOptions:
     shm_size: str = DEFAULT_SHM
     force: bool = False
     trust_new: bool = False
+    agent_forwarding: bool = False  # sshd in the container lets ssh -A forward an agent
 
 
 def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
@@ -195,3 +196,23 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
         raise ConfigError(f"{host.name}: container name {name!r} is not valid")
     raise_limits = flag(hv.get("umprov_container_limits"), default=True)
     return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits)
+
+
+def network_exposure(hosts: list[HostLike], opts: DeployOptions) -> list[str]:
+    """A warning for each address other than loopback that containers would publish SSH and
+    Jupyter on (``--bind`` or umprov_bind): reachable from the network there."""
+    exposed: dict[str, list[str]] = {}
+    for host in hosts:
+        try:
+            bind = settings_for(host, opts).bind
+        except UmprovError:
+            continue  # the deploy reports it for this host
+        if not is_loopback(bind):
+            exposed.setdefault(bind, []).append(host.name)
+    return [
+        f"warning: {', '.join(names[:5])}{' and others' if len(names) > 5 else ''}: the "
+        f"container's SSH and Jupyter ports are published on {bind}, reachable from the network "
+        "(guarded only by your key and the Jupyter token; Jupyter speaks plain HTTP). The "
+        "default, 127.0.0.1, reaches them through the host over SSH"
+        for bind, names in exposed.items()
+    ]

@@ -66,7 +66,8 @@ def rollout(
     that never finished is the old container again, one created but never started is
     replaced, a started one whose token or key was not recorded yet gets them now.
     """
-    spec = container_spec(settings, image_id, opts.authorized_keys, shm_size=opts.shm_size)
+    spec = container_spec(settings, image_id, opts.authorized_keys, shm_size=opts.shm_size,
+                          agent_forwarding=opts.agent_forwarding)
     labels = labels_for(spec, settings.image)
     image = client.images.get(image_id)
     login_user = (image.labels or {}).get("org.umprov.user") or "umprov"

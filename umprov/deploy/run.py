@@ -21,6 +21,7 @@ from umprov.deploy.outcome import HostState, new_outcome
 from umprov.deploy.pull import pull_image
 from umprov.deploy.push import push_image
 from umprov.deploy.rollout import rollout
+from umprov.deploy.state import check_host
 from umprov.errors import ConfigError, DeployFailed, EngineDown, UmprovError
 from umprov.hosts import HostLike
 from umprov.hosts.engine import engine_error
@@ -42,6 +43,7 @@ def deploy(
     for st in states:
         try:
             st.settings = settings_for(st.host, opts)
+            check_host(st.host, st.settings, opts.identity_file)  # its files, its ssh_config
         except UmprovError as exc:
             st.fail(exc)
     local_image_id: str | None = None

@@ -2,7 +2,8 @@
 and the docker SDK arguments that create it.
 
 No secret is ever in the spec, the labels or the environment: the Jupyter token goes into the
-container as a root-only file (``token_tar``, put_archive before start).
+container as a root-only file (``token_tar``, put_archive before start), of which the image's
+entrypoint gives Jupyter a copy only the container's user reads.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ TOKEN_PATH = "/etc/umprov/jupyter_token"  # noqa: S105 (a path, not a secret)
 
 
 def container_spec(
-    settings: HostSettings, image_id: str, authorized_keys: str, *, shm_size: str = DEFAULT_SHM
+    settings: HostSettings, image_id: str, authorized_keys: str, *, shm_size: str = DEFAULT_SHM,
+    agent_forwarding: bool = False,
 ) -> dict[str, Any]:
     """Everything that defines the container, as plain JSON-able data (no secrets)."""
     spec: dict[str, Any] = {
@@ -55,6 +57,8 @@ def container_spec(
         "restart_policy": "unless-stopped",
         "gpus": settings.gpus,
     }
+    if agent_forwarding:  # only when asked, so the spec (and its hash) is otherwise unchanged
+        spec["environment"]["SSH_ALLOW_AGENT_FORWARDING"] = "yes"
     return spec
 
 

@@ -3,23 +3,39 @@
     tokens/HOST.token       the Jupyter token (0600, in a 0700 folder)
     ssh/HOST.conf           ssh_config for `ssh -F FILE umprov-HOST`, keys checked as umprov does
     connections/HOST.json   what `umprov status --connect` prints, without the token
+
+A host's name becomes a file name and an SSH alias only as it is (umprov.paths.safe_name), and
+every value written into an ssh_config is quoted or refused (``config_value``): an inventory
+value can neither place a file outside these folders nor add a directive.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from umprov.deploy.options import HostSettings
+from umprov.errors import ConfigError
 from umprov.hosts import HostLike, is_loopback
 from umprov.hosts.ssh import host_pattern, known_hosts_files, umprov_known_hosts
-from umprov.paths import private_dir, state_dir, write_atomic
+from umprov.paths import private_dir, safe_name, state_file, write_atomic
+
+
+def host_file(folder: str, host_name: str, suffix: str) -> Path:
+    """The file of ``host_name`` in a state folder; a name that cannot be one is refused."""
+    try:
+        return state_file(folder, host_name, suffix)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def token_path(host_name: str) -> Path:
-    return private_dir(state_dir() / "tokens") / f"{host_name}.token"
+    path = host_file("tokens", host_name, ".token")
+    private_dir(path.parent)
+    return path
 
 
 def stored_token(host_name: str) -> str | None:
@@ -30,15 +46,46 @@ def stored_token(host_name: str) -> str | None:
 
 
 def ssh_config_path(host_name: str) -> Path:
-    return state_dir() / "ssh" / f"{host_name}.conf"
+    return host_file("ssh", host_name, ".conf")
+
+
+def connection_path(host_name: str) -> Path:
+    return host_file("connections", host_name, ".json")
 
 
 def container_alias(host_name: str) -> str:
-    return f"umprov-{host_name}"
+    try:
+        return f"umprov-{safe_name(host_name, 'host name')}"
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def jump_alias(host_name: str) -> str:
-    return f"umprov-{host_name}-host"
+    return f"{container_alias(host_name)}-host"
+
+
+# Needs no quotes in ssh_config; anything else is written in double quotes.
+_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+~-]+")
+# Not representable in one ssh_config argument, quoted or not: OpenSSH ends or escapes quoting
+# at these (a quote, a backslash), a control character ends or breaks the line, and "${"
+# is expanded as an environment variable in paths.
+_UNWRITABLE = re.compile(r'["\\\x00-\x1f\x7f]|\$\{')
+
+
+def config_value(value: object, what: str, host_name: str, *, tokens: bool = False) -> str:
+    """``value`` as one ssh_config argument: quoted where needed, "%" doubled where OpenSSH
+    expands %-tokens (``tokens``); a value that cannot be written is refused, naming it."""
+    text = str(value)
+    if not text or _UNWRITABLE.search(text):
+        raise ConfigError(
+            f"{host_name}: {what} {text!r:.100} cannot be written into an ssh_config line "
+            "(empty, or a quote, backslash, control character or ${)"
+        )
+    if tokens:
+        text = text.replace("%", "%%")
+    elif "%" in text:
+        raise ConfigError(f"{host_name}: {what} {text!r:.100} holds a '%', which ssh expands")
+    return text if _PLAIN.fullmatch(text) else f'"{text}"'
 
 
 def container_address(host: HostLike, settings: HostSettings) -> tuple[str, bool]:
@@ -66,38 +113,53 @@ def render_ssh_config(
     """An ssh_config for `ssh -F FILE umprov-HOST`, checking keys exactly as umprov does."""
     address, via_host = container_address(host, settings)
     alias = container_alias(host.name)
+
+    def value(what: str, text: object, *, tokens: bool = False) -> str:
+        return config_value(text, what, host.name, tokens=tokens)
+
+    def known(files: list[Path]) -> str:
+        return " ".join(value("known_hosts file", p, tokens=True) for p in files)
+
     lines = [
         f"# Written by `umprov deploy` for host {host.name}; `umprov status --connect {host.name}`",
         f"Host {alias}",
-        f"  HostName {address}",
-        f"  Port {settings.ssh_port}",
-        f"  User {login_user}",
+        f"  HostName {value('address', address, tokens=True)}",
+        f"  Port {int(settings.ssh_port)}",
+        f"  User {value('container user', login_user)}",
         f"  HostKeyAlias {alias}",
-        f"  UserKnownHostsFile {umprov_known_hosts()}",
+        f"  UserKnownHostsFile {known([umprov_known_hosts()])}",
         "  StrictHostKeyChecking yes",
         "  UpdateHostKeys no",
     ]
     if identity_file:
-        lines += [f"  IdentityFile {identity_file}", "  IdentitiesOnly yes"]
+        lines += [f"  IdentityFile {value('identity file', identity_file, tokens=True)}",
+                  "  IdentitiesOnly yes"]
     if via_host:
         lines.append(f"  ProxyJump {jump_alias(host.name)}")
-        files = " ".join(str(p) for p in known_hosts_files(host))
         lines += [
             "",
             f"Host {jump_alias(host.name)}",
-            f"  HostName {host.address}",
-            f"  Port {host.port}",
+            f"  HostName {value('address (ansible_host)', host.address, tokens=True)}",
+            f"  Port {int(host.port)}",
         ]
         if host.user:
-            lines.append(f"  User {host.user}")
+            lines.append(f"  User {value('user (ansible_user)', host.user)}")
         if host.key_file:
-            lines += [f"  IdentityFile {host.key_file}", "  IdentitiesOnly yes"]
+            key = value("key file (ansible_ssh_private_key_file)", host.key_file, tokens=True)
+            lines += [f"  IdentityFile {key}", "  IdentitiesOnly yes"]
         lines += [
-            f"  UserKnownHostsFile {files}",
+            f"  UserKnownHostsFile {known(known_hosts_files(host))}",
             "  StrictHostKeyChecking yes",
             "  UpdateHostKeys no",
         ]
     return "\n".join(lines) + "\n"
+
+
+def check_host(host: HostLike, settings: HostSettings, identity_file: str | None) -> None:
+    """Before a host is touched: its name can name its files, and its ssh_config can be written
+    (the container's user, known only from the image, is checked when the file is written)."""
+    connection_path(host.name)
+    render_ssh_config(host, settings, "umprov", identity_file)
 
 
 def record_connection(
@@ -117,14 +179,12 @@ def record_connection(
         "alias": container_alias(host.name),
         "jump_alias": jump_alias(host.name) if via_host else None,
     }
-    write_atomic(
-        state_dir() / "connections" / f"{host.name}.json", json.dumps(data, indent=2), 0o600
-    )
+    write_atomic(connection_path(host.name), json.dumps(data, indent=2), 0o600)
     return data
 
 
 def load_connection(host_name: str) -> dict[str, Any] | None:
-    path = state_dir() / "connections" / f"{host_name}.json"
+    path = connection_path(host_name)
     if not path.is_file():
         return None
     return json.loads(path.read_text())

@@ -24,6 +24,7 @@ import fcntl
 import getpass
 import hashlib
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterable, Iterator
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from umprov.errors import AuthFailed, TrustError, UmprovError, Unreachable
+from umprov.errors import AuthFailed, ConfigError, TrustError, UmprovError, Unreachable
 from umprov.hosts import HostLike
 from umprov.paths import state_dir, write_private
 
@@ -134,7 +135,16 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+# What a known_hosts name may hold: no space, comma, newline or "#" (which would end the name or
+# the line, or add another entry) and no wildcard or negation ("*", "?", "!": a pattern that
+# would match other hosts); "[name]:port" as OpenSSH writes a port other than 22.
+_KNOWN_HOSTS_NAME = re.compile(r"(?:\[[A-Za-z0-9._:%-]+\]:[0-9]+|[A-Za-z0-9._:%-]+)", re.ASCII)
+
+
 def _entry(patterns: list[str], key: paramiko.PKey) -> str:
+    for pattern in patterns:
+        if not _KNOWN_HOSTS_NAME.fullmatch(pattern):
+            raise ConfigError(f"{pattern!r:.80} cannot be recorded as a known_hosts name")
     return f"{','.join(patterns)} {key.get_name()} {key.get_base64()}"
 
 
