@@ -1,0 +1,114 @@
+"""What ansible-playbook is given besides the playbook: the inventory sources, extra variables,
+vault and become passwords, and the OpenSSH options that keep umprov's host-key trust.
+
+No secret reaches a command line (which every local user can read, and ansible-runner records
+in artifacts/<id>/command): ``-e`` pairs go through a 0600 file in the run's private folder,
+removed after the run; typed vault passwords and the become password go through 0600 files in a
+private temporary folder (umprov.paths.secret_files), removed however the run ends, and reach
+ansible-playbook as ``--vault-id LABEL@FILE`` and ``--become-password-file FILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from umprov.errors import ConfigError
+from umprov.inventory import Inventory, Vault
+from umprov.paths import Secret, write_private
+
+EXTRA_VARS_FILE = "extravars.json"
+ExtraVars = dict[str, Any] | Path  # -e KEY=VALUE pairs (in order), or -e @FILE
+
+
+def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
+    """-e KEY=VALUE pairs; values parsed as YAML scalars (true, 3, [a, b]) like Ansible does."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not (key.isascii() and key.isidentifier()) or keyword.iskeyword(key):
+            raise ConfigError(f"-e {pair!r:.80}: expected KEY=VALUE with KEY a variable name")
+        try:
+            out[key] = yaml.safe_load(value) if value.strip() else ""
+        except (yaml.YAMLError, ValueError, RecursionError):  # not YAML, or a number too long
+            out[key] = value
+    return out
+
+
+def parse_extra(items: Sequence[str]) -> list[ExtraVars]:
+    """Every -e in order, as ansible-playbook merges them (a later one wins): runs of
+    KEY=VALUE pairs as one mapping, ``@FILE`` as its path (checked by check_extra_files)."""
+    plan: list[ExtraVars] = []
+    for item in items:
+        if item.startswith("@"):
+            if not item[1:].strip():
+                raise ConfigError("-e @: name a YAML or JSON file after the @")
+            plan.append(Path(item[1:]).expanduser().absolute())
+        elif plan and isinstance(plan[-1], dict):
+            plan[-1].update(parse_extra_vars([item]))
+        else:
+            plan.append(parse_extra_vars([item]))
+    return plan
+
+
+def check_extra_files(plan: Sequence[ExtraVars], vault: Vault) -> None:
+    """Each -e @FILE read as ansible-playbook will read it, before any host is contacted."""
+    from umprov.inventory.ansible_io import load_vars_file
+
+    for item in plan:
+        if isinstance(item, Path):
+            load_vars_file(item, vault)
+
+
+def become_ask_pass_configured() -> bool:
+    """ansible.cfg's become_ask_pass (ANSIBLE_BECOME_ASK_PASS), which -K also sets."""
+    from umprov.inventory.vault import quiet_ansible
+
+    with quiet_ansible():
+        from ansible import constants
+
+        return bool(constants.config.get_config_value("DEFAULT_BECOME_ASK_PASS"))
+
+
+def extra_vars_file(private: Path, extra_vars: dict[str, Any] | None, index: int = 0) -> str | None:
+    """-e pairs as a 0600 JSON file in the run's private folder (removed after the run)."""
+    if not extra_vars:
+        return None
+    name = EXTRA_VARS_FILE if index == 0 else f"extravars-{index}.json"
+    path = private / name
+    write_private(path, json.dumps(extra_vars))
+    return str(path)
+
+
+def remove_extra_vars_files(private: Path) -> None:
+    for path in private.glob("extravars*.json"):
+        path.unlink(missing_ok=True)
+
+
+def playbook_args(
+    inventory: Inventory,
+    private: Path,
+    write_secret: Callable[[str, Secret], Path],
+    *,
+    extra: Sequence[ExtraVars] = (),
+    become_password: Secret | None = None,
+) -> list[str]:
+    """ansible-playbook's arguments for the inventory, its vault, -e and the become password;
+    the secrets through ``write_secret`` (umprov.paths.secret_files)."""
+    args: list[str] = []
+    for source in inventory.sources:
+        args += ["-i", source]
+    args += inventory.vault.child_args(write_secret)
+    for index, item in enumerate(extra):
+        path = str(item) if isinstance(item, Path) else extra_vars_file(private, item, index)
+        if path:
+            args += ["-e", f"@{path}"]
+    if become_password is not None:
+        args += ["--become-password-file", str(write_secret("become", become_password))]
+    return args
