@@ -88,15 +88,17 @@ def provision(
     from umprov.inventory import load_inventory
     from umprov.paths import Secret
 
-    extra_vars = prov.parse_extra_vars(extra)  # a bad pair fails before anything is read
+    extra_vars = prov.parse_extra(extra)  # a bad pair fails before anything is read
     inv = load_inventory(inventory)
-    extra_files = prov.check_extra_files(extra, inv.vault)
+    prov.check_extra_files(extra_vars, inv.vault)
     become = None
     if ask_become_pass or prov.become_ask_pass_configured():
         become = Secret(ask_become_password())
     hosts = inv.select(limit) if limit else inv.hosts
     if trust_new_hosts:
-        prov.record_new_host_keys(hosts)
+        from umprov.hosts.ssh import record_new_host_keys
+
+        record_new_host_keys(hosts)
     tags = ["preflight", *only] if only else []
     with ProvisionProgress(hosts) as progress:
         result = prov.run_playbook(
@@ -106,8 +108,7 @@ def provision(
             tags=tags,
             check=check,
             diff=diff,
-            extra_vars=extra_vars,
-            extra_files=extra_files,
+            extra=extra_vars,
             become_password=become,
             forks=forks,
             on_event=progress.update,
