@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def parse_extra(items: Sequence[str]) -> list[ExtraVars]:
         if item.startswith("@"):
             if not item[1:].strip():
                 raise ConfigError("-e @: name a YAML or JSON file after the @")
-            plan.append(Path(item[1:]).expanduser().absolute())
+            plan.append(Path(os.path.expanduser(item[1:])).absolute())
         elif plan and isinstance(plan[-1], dict):
             plan[-1].update(parse_extra_vars([item]))
         else:

@@ -21,7 +21,7 @@ from umprov.paths import project_dir
 
 def is_host_list(source: str) -> bool:
     """A comma list of hosts, as Ansible's host_list plugin tells: a comma, and no such path."""
-    return "," in source and not Path(source).expanduser().exists()
+    return "," in source and not Path(os.path.expanduser(source)).exists()
 
 
 def resolve_sources(sources: Sequence[str]) -> tuple[str, ...]:
@@ -41,7 +41,7 @@ def resolve_source(source: str | None) -> Path:
     """One INVENTORY argument as a path, as the README describes (None: the first default)."""
     if source is None or source == "":
         return default_sources()[0]
-    direct = Path(source).expanduser()
+    direct = Path(os.path.expanduser(source))
     if direct.exists():
         return direct
     base = project_dir() / "inventory"
@@ -96,7 +96,7 @@ def _config_files() -> list[Path]:
     """ansible.cfg files in Ansible's order, with the project's before the user's own."""
     candidates = []
     if os.environ.get("ANSIBLE_CONFIG"):
-        candidates.append(Path(os.environ["ANSIBLE_CONFIG"]).expanduser())
+        candidates.append(Path(os.path.expanduser(os.environ["ANSIBLE_CONFIG"])))
     return [
         *candidates,
         Path.cwd() / "ansible.cfg",
@@ -111,6 +111,6 @@ def _path_list(value: str, base: Path) -> list[Path]:
     paths = []
     for part in value.split(","):
         if part.strip():
-            path = Path(part.strip()).expanduser()
+            path = Path(os.path.expanduser(part.strip()))
             paths.append(path if path.is_absolute() else base / path)
     return paths

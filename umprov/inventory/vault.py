@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,8 @@ def resolve_vault(
         if source in PROMPTS:
             passwords.append(VaultPassword(label, secret=_asked(label, prompt)))
         else:
-            passwords.append(VaultPassword(label, file=str(Path(source).expanduser().absolute())))
+            path = Path(os.path.expanduser(source)).absolute()
+            passwords.append(VaultPassword(label, file=str(path)))
     return Vault(tuple(passwords))
 
 
