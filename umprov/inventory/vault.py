@@ -81,16 +81,20 @@ def resolve_vault(
     prompt: Callable[[str], str] | None = None,
 ) -> Vault:
     """The vault passwords ansible-playbook would use with these options, here and now."""
-    cli, constants = _ansible_cli()
-    config = constants.config
-    default_label = str(config.get_config_value("DEFAULT_VAULT_IDENTITY"))
+    with quiet_ansible():
+        from ansible import constants
+    config = constants.config  # Ansible's config manager: ansible.cfg, then ANSIBLE_* now
     ids = [*(config.get_config_value("DEFAULT_VAULT_IDENTITY_LIST") or []), *vault_ids]
     files = list(password_files)
     configured_file = config.get_config_value("DEFAULT_VAULT_PASSWORD_FILE")
     if configured_file:
         files.append(str(configured_file))
     ask = ask or bool(config.get_config_value("DEFAULT_ASK_VAULT_PASS"))
+    if not (ids or files or ask):
+        return Vault()  # the common case, without importing Ansible's CLI (a tenth of a second)
+    cli = _ansible_cli()
     # build_vault_ids labels files with C.DEFAULT_VAULT_IDENTITY: read now, not at import.
+    default_label = str(config.get_config_value("DEFAULT_VAULT_IDENTITY"))
     constants.DEFAULT_VAULT_IDENTITY = default_label
     slugs = cli.build_vault_ids(ids, files, ask_vault_pass=ask, auto_prompt=False)
     passwords = []
@@ -124,16 +128,15 @@ def quiet_ansible() -> Iterator[io.StringIO]:
         yield captured
 
 
-def _ansible_cli() -> tuple[Any, Any]:
-    """Ansible's CLI helpers and constants. Importing ansible.cli checks the locale and the
-    standard streams and exits when it dislikes them: that is a prerequisite problem."""
+def _ansible_cli() -> Any:
+    """Ansible's CLI helpers. Importing ansible.cli checks the locale and the standard streams
+    and exits when it dislikes them: that is a prerequisite problem."""
     try:
         with quiet_ansible():
-            from ansible import constants
             from ansible.cli import CLI
     except SystemExit as exc:
         raise EnvironmentProblem(f"Ansible cannot start here: {exc}") from None
-    return CLI, constants
+    return CLI
 
 
 def _first_line(exc: BaseException) -> str:
