@@ -123,7 +123,7 @@ def no_contact(monkeypatch):
     [
         (["--push", "--pull"], "--push and --pull: choose one"),
         (["--shm-size", "lots"], "--shm-size: 'lots' is not a size such as 16g"),
-        (["--name", "bad name"], "--name: 'bad name' is not a valid container name"),
+        (["--name", "bad name"], "--name: 'bad name' is not valid as a container name"),
         (["--image", "Not/Valid Image"], "is not an image reference"),
     ],
 )
@@ -140,7 +140,7 @@ def test_deploy_option_values_checked_before_hosts(umprov_cli, pubkey, tmp_path,
     ("host_vars", "message"),
     [
         ("umprov_image: 'No Such/Image!'", "gpu2: umprov_image: 'No Such/Image!' is not an image"),
-        ("umprov_container_name: '-x'", "gpu2: umprov_container_name: '-x' is not a valid"),
+        ("umprov_container_name: '-x'", "gpu2: umprov_container_name: '-x' is not valid"),
         ("{umprov_ssh_port: 8888, umprov_jupyter_port: 8888}", "both 8888"),
     ],
 )
@@ -167,7 +167,7 @@ def test_deploy_defaults_to_the_image_image_build_tags():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["status", "hosts.yml", "--name", "a/b"], "--name: 'a/b' is not a valid container name"),
+    (["status", "hosts.yml", "--name", "a/b"], "--name: 'a/b' is not valid as a container name"),
     (["verify", "hosts.yml", "--image", "a b"], "--image: 'a b' is not an image"),
     (["image", "build", "--tag", "bad tag"], "--tag: 'bad tag' is not an image reference"),
     (["image", "build", "--base", "::"], "--base: '::' is not an image reference"),

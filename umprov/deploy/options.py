@@ -93,7 +93,7 @@ def check_image(value: str, what: str = "--image") -> str:
 def check_container_name(value: str, what: str) -> str:
     """A name Docker accepts for a container."""
     if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}", str(value), re.ASCII):
-        raise ConfigError(f"{what}: {str(value)[:80]!r} is not a valid container name "
+        raise ConfigError(f"{what}: {str(value)[:80]!r} is not valid as a container name "
                           "(letters, digits, and _ . - after the first)")
     return str(value)
 
