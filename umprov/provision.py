@@ -507,6 +507,9 @@ _ENV_KEEP = {
     "UMPROV_STATE_DIR",
 }
 _SECRET_WORDS = ("PASS", "TOKEN", "SECRET", "CREDENTIAL")
+# Settings umprov has acted on already and passes on as arguments (provision_args): a
+# LABEL@prompt in them would make ansible-playbook wait on a prompt no one sees.
+_ALREADY_GIVEN = {"ANSIBLE_VAULT_IDENTITY_LIST"}
 
 
 def _child_environment() -> dict[str, str]:
@@ -515,6 +518,8 @@ def _child_environment() -> dict[str, str]:
     env = {}
     for key, value in os.environ.items():
         secret = any(w in key.upper() for w in _SECRET_WORDS) and not key.endswith("_FILE")
+        if key in _ALREADY_GIVEN:
+            continue
         if key in _ENV_KEEP or (key.startswith("ANSIBLE_") and not secret):
             env[key] = value
     # ansible-playbook from umprov's own environment first: a venv need not be on PATH.

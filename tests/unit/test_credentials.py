@@ -158,3 +158,13 @@ def test_secrets_reach_ansible_playbook_and_nothing_keeps_them(
     assert not list(artifacts.glob("extravars*.json"))
     assert set(Path(tempfile.gettempdir()).glob("umprov-secret-*")) == before
     assert BECOME not in result.output and VAULT not in result.output
+
+
+def test_a_prompting_vault_setting_is_not_passed_on(monkeypatch):
+    """umprov asks for LABEL@prompt itself and hands ansible-playbook a file: the setting must
+    not reach ansible-playbook, which would wait on a prompt in ansible-runner's pty."""
+    monkeypatch.setenv("ANSIBLE_VAULT_IDENTITY_LIST", "prod@prompt")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", "/etc/vault-pass")
+    env = umprov.provision._child_environment()
+    assert "ANSIBLE_VAULT_IDENTITY_LIST" not in env
+    assert env["ANSIBLE_VAULT_PASSWORD_FILE"] == "/etc/vault-pass"

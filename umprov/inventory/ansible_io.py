@@ -189,4 +189,5 @@ def first_line(exc: BaseException) -> str:
 
 def _types(message: str) -> str:
     """"<class 'ansible...._AnsibleTaggedList'>" in Ansible's messages becomes "list"."""
-    return _CLASS.sub(lambda m: m.group(1).lower(), message)
+    message = _CLASS.sub(lambda m: m.group(1).lower(), message)
+    return re.sub(r"\b_AnsibleTagged(\w+)", lambda m: m.group(1).lower(), message)
