@@ -292,7 +292,7 @@ def run_playbook(
     plan = [*extra, *([extra_vars] if extra_vars else [])]
     started = time.monotonic()
     with secret_files() as write_secret:
-        options += playbook_args(inventory, private, write_secret, extra=plan,
+        options += playbook_args(inventory, write_secret, extra=plan,
                                  become_password=become_password)
         runner, results = _run(private, play_path, inventory, limit, options,
                                _child_settings(root, inventory, strategy_env),

@@ -2,10 +2,10 @@
 vault and become passwords, and the OpenSSH options that keep umprov's host-key trust.
 
 No secret reaches a command line (which every local user can read, and ansible-runner records
-in artifacts/<id>/command): ``-e`` pairs go through a 0600 file in the run's private folder,
-removed after the run; typed vault passwords and the become password go through 0600 files in a
-private temporary folder (umprov.paths.secret_files), removed however the run ends, and reach
-ansible-playbook as ``--vault-id LABEL@FILE`` and ``--become-password-file FILE``.
+in artifacts/<id>/command) or umprov's state directory: ``-e`` pairs, typed vault passwords and
+the become password go through 0600 files in a private temporary folder
+(umprov.paths.secret_files), removed however the run ends, and reach ansible-playbook as
+``-e @FILE``, ``--vault-id LABEL@FILE`` and ``--become-password-file FILE``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def become_ask_pass_configured() -> bool:
 
 
 def extra_vars_file(private: Path, extra_vars: dict[str, Any] | None, index: int = 0) -> str | None:
-    """-e pairs as a 0600 JSON file in the run's private folder (removed after the run)."""
+    """-e pairs as a 0600 JSON file in ``private`` (a caller's own use; playbook_args puts
+    them in the secret folder)."""
     if not extra_vars:
         return None
     name = EXTRA_VARS_FILE if index == 0 else f"extravars-{index}.json"
@@ -94,7 +95,6 @@ def remove_extra_vars_files(private: Path) -> None:
 
 def playbook_args(
     inventory: Inventory,
-    private: Path,
     write_secret: Callable[[str, Secret], Path],
     *,
     extra: Sequence[ExtraVars] = (),
@@ -107,8 +107,10 @@ def playbook_args(
         args += ["-i", source]
     args += inventory.vault.child_args(write_secret)
     for index, item in enumerate(extra):
-        path = str(item) if isinstance(item, Path) else extra_vars_file(private, item, index)
-        if path:
+        if isinstance(item, Path):
+            args += ["-e", f"@{item}"]
+        elif item:  # pairs may hold a password: beside the others, not in the state dir
+            path = write_secret(f"extravars-{index}.json", Secret(json.dumps(item)))
             args += ["-e", f"@{path}"]
     if become_password is not None:
         args += ["--become-password-file", str(write_secret("become", become_password))]
