@@ -30,6 +30,7 @@ from umprov.provision_args import (  # noqa: F401 - the CLI's names for them
     ExtraVars,
     become_ask_pass_configured,
     check_extra_files,
+    child_settings,
     extra_vars_file,
     parse_extra,
     parse_extra_vars,
@@ -295,7 +296,7 @@ def run_playbook(
         options += playbook_args(inventory, write_secret, extra=plan,
                                  become_password=become_password)
         runner, results = _run(private, play_path, inventory, limit, options,
-                               _child_settings(root, inventory, strategy_env),
+                               child_settings(root, inventory, strategy_env),
                                cancel or threading.Event(), on_event)
     if (
         runner.status in {"failed", "error"}
@@ -318,45 +319,6 @@ def run_playbook(
         artifacts=str(private),
         strategy=strategy_used,
     )
-
-
-def _child_settings(
-    root: Path, inventory: Inventory, strategy_env: dict[str, str]
-) -> dict[str, str]:
-    """ansible-playbook's settings: umprov's ansible.cfg and roles, host keys checked by OpenSSH
-    against umprov's known_hosts files, and no prompt it could wait on forever."""
-    from umprov.hosts.ssh import ansible_ssh_args
-
-    return {
-        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(root / "roles"),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_NOCOLOR": "1",
-        # ansible-runner sets this to False unless told otherwise: host keys stay verified.
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "ANSIBLE_SSH_ARGS": ansible_ssh_args(inventory.hosts, _ssh_args(root)),
-        # Passwords come as files (provision_args); a prompt in ansible-runner's pty would hang.
-        "ANSIBLE_BECOME_ASK_PASS": "False",
-        "ANSIBLE_ASK_VAULT_PASS": "False",
-        **strategy_env,
-    }
-
-
-# OpenSSH options ansible-playbook uses when ansible.cfg sets none (its ssh connection's default).
-_DEFAULT_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"
-
-
-def _ssh_args(root: Path) -> str:
-    """The ssh_args ansible-playbook would use (ANSIBLE_SSH_ARGS, else umprov's ansible.cfg),
-    which umprov's ANSIBLE_SSH_ARGS replaces and so must carry on."""
-    import configparser
-
-    if os.environ.get("ANSIBLE_SSH_ARGS"):
-        return os.environ["ANSIBLE_SSH_ARGS"]
-    parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
-    with contextlib.suppress(configparser.Error, OSError):
-        parser.read(root / "ansible.cfg")
-    return parser.get("ssh_connection", "ssh_args", fallback=_DEFAULT_SSH_ARGS)
 
 
 def _run(

@@ -10,6 +10,8 @@ the become password go through 0600 files in a private temporary folder
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import json
 import keyword
 import os
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError
+from umprov.hosts.ssh import ansible_ssh_args
 from umprov.inventory import Inventory, Vault
 from umprov.paths import Secret, write_private
 
@@ -115,3 +118,38 @@ def playbook_args(
     if become_password is not None:
         args += ["--become-password-file", str(write_secret("become", become_password))]
     return args
+
+
+def child_settings(
+    root: Path, inventory: Inventory, strategy_env: dict[str, str]
+) -> dict[str, str]:
+    """ansible-playbook's settings: umprov's ansible.cfg and roles, host keys checked by OpenSSH
+    against umprov's known_hosts files, and no prompt it could wait on forever."""
+    return {
+        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(root / "roles"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        # ansible-runner sets this to False unless told otherwise: host keys stay verified.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_SSH_ARGS": ansible_ssh_args(inventory.hosts, ssh_args(root)),
+        # Passwords come as files (playbook_args); a prompt in ansible-runner's pty would hang.
+        "ANSIBLE_BECOME_ASK_PASS": "False",
+        "ANSIBLE_ASK_VAULT_PASS": "False",
+        **strategy_env,
+    }
+
+
+# OpenSSH options ansible-playbook uses when ansible.cfg sets none (its ssh connection's default).
+_DEFAULT_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"
+
+
+def ssh_args(root: Path) -> str:
+    """The ssh_args ansible-playbook would use (ANSIBLE_SSH_ARGS, else umprov's ansible.cfg),
+    which umprov's ANSIBLE_SSH_ARGS replaces and so must carry on."""
+    if os.environ.get("ANSIBLE_SSH_ARGS"):
+        return os.environ["ANSIBLE_SSH_ARGS"]
+    parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
+    with contextlib.suppress(configparser.Error, OSError):
+        parser.read(root / "ansible.cfg")
+    return parser.get("ssh_connection", "ssh_args", fallback=_DEFAULT_SSH_ARGS)

@@ -28,7 +28,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "output.py": HOSTS,
     "image.py": HOSTS,
     "provision.py": HOSTS | {"umprov.inventory", "umprov.procs", "umprov.provision_args"},
-    "provision_args.py": BASE | {"umprov.inventory"},
+    "provision_args.py": HOSTS | {"umprov.inventory"},
     "deploy/": HOSTS | {"umprov.inventory", "umprov.deploy", "umprov.image"},
     "status.py": HOSTS | {"umprov.inventory", "umprov.deploy"},
     "verify/agent/": {"umprov.verify.agent"},
