@@ -78,3 +78,13 @@ def say_problems(outcomes: Sequence[HostOutcome], word: str) -> None:
     if bad:
         say(f"umprov: {len(bad)} of {len(outcomes)} host(s) {word}")
 
+
+
+def say_untrusted(outcomes: Sequence[HostOutcome]) -> None:
+    """For each host whose SSH key is unknown or changed (exit 6), its one line: the same
+    words in every command (umprov.hosts.ssh)."""
+    from umprov.hosts.results import Kind
+
+    for outcome in outcomes:
+        if outcome.kind is Kind.UNTRUSTED:
+            say(f"umprov: {outcome.host}: {outcome.detail}")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -98,3 +102,38 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class Secret:
+    """A password held in memory: never printed (repr and str hide it), read with ``reveal``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@contextlib.contextmanager
+def secret_files() -> Iterator[Callable[[str, Secret], Path]]:
+    """Files that hand a secret to a child process without its command line: ``write(name,
+    secret)`` makes a 0600 file in a private 0700 folder outside the state directory; the folder
+    and everything in it are removed on the way out, whatever happened."""
+    folder = Path(tempfile.mkdtemp(prefix="umprov-secret-"))  # mkdtemp: mode 0700
+
+    def write(name: str, secret: Secret) -> Path:
+        path = folder / name
+        write_private(path, secret.reveal())
+        return path
+
+    try:
+        yield write
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

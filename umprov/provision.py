@@ -25,7 +25,18 @@ from umprov.errors import ConfigError, ExitCode, UmprovError
 from umprov.hosts import render
 from umprov.hosts.results import HostOutcome, exit_code
 from umprov.inventory import Inventory
-from umprov.paths import project_dir, state_dir, write_atomic, write_private
+from umprov.paths import Secret, project_dir, secret_files, state_dir, write_atomic, write_private
+from umprov.provision_args import (  # noqa: F401 - the CLI's names for them
+    ExtraVars,
+    become_ask_pass_configured,
+    check_extra_files,
+    child_settings,
+    extra_vars_file,
+    parse_extra,
+    parse_extra_vars,
+    playbook_args,
+    remove_extra_vars_files,
+)
 
 STAGES = {"preflight": "preflight", "driver": "driver", "docker": "docker", "toolkit": "toolkit"}
 # Facts each role sets at its end to tell the summary what it did (see _note()).
@@ -96,9 +107,12 @@ class HostCounts:
     failure: str | None = None
     notes: list[str] = field(default_factory=list)
     status_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    untrusted: bool = False  # OpenSSH refused the host's key (unknown or changed)
 
     @property
     def status(self) -> str:
+        if self.unreachable and self.untrusted:
+            return "untrusted"
         if self.unreachable:
             return "unreachable"
         if self.failed:
@@ -195,25 +209,6 @@ def _note(fact: str, status: dict[str, Any]) -> str:
     return ""
 
 
-def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
-    """-e KEY=VALUE pairs; values parsed as YAML scalars (true, 3, [a, b]) like Ansible does."""
-    import keyword
-
-    import yaml
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not (key.isascii() and key.isidentifier()) or keyword.iskeyword(key):
-            raise ConfigError(f"-e {pair!r:.80}: expected KEY=VALUE with KEY a variable name")
-        try:
-            out[key] = yaml.safe_load(value) if value.strip() else ""
-        except (yaml.YAMLError, ValueError, RecursionError):  # not YAML, or a number too long
-            out[key] = value
-    return out
-
-
 def _private_dir() -> Path:
     runs = state_dir() / "runs"
     runs.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -273,63 +268,74 @@ def run_playbook(
     check: bool = False,
     diff: bool = False,
     extra_vars: dict[str, Any] | None = None,
+    extra: Sequence[ExtraVars] = (),
+    become_password: Secret | None = None,
     forks: int | None = None,
     on_event: EventSink | None = None,
     cancel: threading.Event | None = None,
     strategy: str = "auto",
 ) -> ProvisionResult:
-    """Run a playbook from playbooks/ against an inventory and collect per-host results."""
-    import ansible_runner
+    """Run a playbook from playbooks/ against an inventory and collect per-host results.
 
+    ``extra`` is every -e in order (provision_args.parse_extra), ``extra_vars`` pairs after
+    them; ``become_password`` answers become (sudo) prompts. Hosts whose SSH key OpenSSH
+    refused are "untrusted", with the message every umprov command gives for that key.
+    """
     root = project_dir()
     play_path = root / "playbooks" / playbook
     if not play_path.is_file():
         raise ConfigError(f"playbook not found: {play_path}")
     strategy_used, strategy_env = resolve_strategy(strategy)
     private = _private_dir()
-    cmdline: list[str] = []
-    if tags:
-        cmdline += ["--tags", ",".join(tags)]
-    if check:
-        cmdline.append("--check")
-    if diff:
-        cmdline.append("--diff")
-    if forks:
-        cmdline += ["--forks", str(forks)]
+    options: list[str] = ["--tags", ",".join(tags)] if tags else []
+    options += [flag for flag, wanted in (("--check", check), ("--diff", diff)) if wanted]
+    options += ["--forks", str(forks)] if forks else []
+    plan = [*extra, *([extra_vars] if extra_vars else [])]
+    started = time.monotonic()
+    with secret_files() as write_secret:
+        options += playbook_args(inventory, write_secret, extra=plan,
+                                 become_password=become_password)
+        runner, results = _run(private, play_path, inventory, limit, options,
+                               child_settings(root, inventory, strategy_env),
+                               cancel or threading.Event(), on_event)
+    if (
+        runner.status in {"failed", "error"}
+        and not any(r.failed or r.unreachable for r in results.values())
+        and runner.rc not in (0, None)
+    ):
+        tail = _stdout_tail(runner)
+        raise UmprovError(f"ansible-playbook failed (exit {runner.rc}) before any host ran: {tail}")
+    if runner.status == "canceled":
+        from umprov.errors import Interrupted
 
+        raise Interrupted("interrupted; ansible-playbook was stopped")
+    _explain_untrusted(results, inventory)
+    return ProvisionResult(
+        playbook=str(play_path.relative_to(root)),
+        inventory=inventory.source,
+        check=check,
+        hosts=[results[k].outcome() for k in sorted(results)],
+        elapsed_s=time.monotonic() - started,
+        artifacts=str(private),
+        strategy=strategy_used,
+    )
+
+
+def _run(
+    private: Path,
+    play_path: Path,
+    inventory: Inventory,
+    limit: str | None,
+    options: list[str],
+    envvars: dict[str, str],
+    cancel: threading.Event,
+    on_event: EventSink | None,
+) -> tuple[Any, dict[str, HostCounts]]:
+    """ansible-playbook through ansible-runner; its events to ``on_event`` as they come."""
     results: dict[str, HostCounts] = {}
     events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    cancel = cancel or threading.Event()
-
-    def handler(event: dict[str, Any]) -> bool:
-        events.put(event)
-        return True
-
-    envvars = {
-        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(root / "roles"),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_NOCOLOR": "1",
-        # ansible-runner sets this to False unless told otherwise: host keys stay verified.
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        **strategy_env,
-    }
-    started = time.monotonic()
     with _runner_environment():
-        thread, runner = _start(
-            ansible_runner,
-            private,
-            root,
-            play_path,
-            inventory,
-            limit,
-            cmdline,
-            extra_vars,
-            envvars,
-            handler,
-            cancel,
-            events,
-        )
+        thread, runner = _start(private, play_path, limit, options, envvars, cancel, events)
     try:
         for host in inventory.select(limit):
             results[host.name] = HostCounts(host.name)
@@ -352,66 +358,37 @@ def run_playbook(
     _wait_thread(thread)
     _scrub_artifacts(Path(runner.config.artifact_dir))
     _apply_stats(runner, results)
-    if (
-        runner.status in {"failed", "error"}
-        and not any(r.failed or r.unreachable for r in results.values())
-        and runner.rc not in (0, None)
-    ):
-        tail = _stdout_tail(runner)
-        raise UmprovError(f"ansible-playbook failed (exit {runner.rc}) before any host ran: {tail}")
-    if runner.status == "canceled":
-        from umprov.errors import Interrupted
-
-        raise Interrupted("interrupted; ansible-playbook was stopped")
-    return ProvisionResult(
-        playbook=str(play_path.relative_to(root)),
-        inventory=str(inventory.source),
-        check=check,
-        hosts=[results[k].outcome() for k in sorted(results)],
-        elapsed_s=time.monotonic() - started,
-        artifacts=str(private),
-        strategy=strategy_used,
-    )
+    return runner, results
 
 
-EXTRA_VARS_FILE = "extravars.json"
-
-
-def _extra_vars_file(private: Path, extra_vars: dict[str, Any] | None) -> str | None:
-    """-e values go to ansible-playbook as ``-e @FILE`` (0600, removed after the run), never on
-    its command line: every local user can read a command line (ps), ansible-runner records it
-    in artifacts/<id>/command, and -e may carry a password (ansible_become_password)."""
-    if not extra_vars:
-        return None
-    path = private / EXTRA_VARS_FILE
-    write_private(path, json.dumps(extra_vars))
-    return str(path)
+# -e pairs as a private file (provision_args): the name the tests and older callers know.
+_extra_vars_file = extra_vars_file
 
 
 def _start(
-    ansible_runner: Any,
     private: Path,
-    root: Path,
     play_path: Path,
-    inventory: Inventory,
     limit: str | None,
-    cmdline: list[str],
-    extra_vars: dict[str, Any] | None,
+    options: list[str],
     envvars: dict[str, str],
-    handler: Callable[[dict[str, Any]], bool],
     cancel: threading.Event,
     events: queue.Queue[dict[str, Any] | None],
 ) -> tuple[threading.Thread, Any]:
+    import shlex
+
+    import ansible_runner
+
     return ansible_runner.run_async(
         private_data_dir=str(private),
-        project_dir=str(root),
+        # ansible-playbook runs where umprov runs, so a relative path in the inventory (a key
+        # file, a known_hosts file) means what it means to umprov and to ansible-playbook.
+        project_dir=os.getcwd(),
         playbook=str(play_path),
-        inventory=str(inventory.source.resolve()),
+        inventory=[],  # the sources are in ``options`` (-i, as many as given)
         limit=limit,
-        cmdline=" ".join(cmdline) or None,
-        extravars=_extra_vars_file(private, extra_vars),
+        cmdline=shlex.join(options) or None,
         envvars=envvars,
-        event_handler=handler,
+        event_handler=lambda event: events.put(event) or True,
         cancel_callback=cancel.is_set,
         finished_callback=lambda _r: events.put(None),
         quiet=True,
@@ -492,6 +469,9 @@ _ENV_KEEP = {
     "UMPROV_STATE_DIR",
 }
 _SECRET_WORDS = ("PASS", "TOKEN", "SECRET", "CREDENTIAL")
+# Settings umprov has acted on already and passes on as arguments (provision_args): a
+# LABEL@prompt in them would make ansible-playbook wait on a prompt no one sees.
+_ALREADY_GIVEN = {"ANSIBLE_VAULT_IDENTITY_LIST"}
 
 
 def _child_environment() -> dict[str, str]:
@@ -500,6 +480,8 @@ def _child_environment() -> dict[str, str]:
     env = {}
     for key, value in os.environ.items():
         secret = any(w in key.upper() for w in _SECRET_WORDS) and not key.endswith("_FILE")
+        if key in _ALREADY_GIVEN:
+            continue
         if key in _ENV_KEEP or (key.startswith("ANSIBLE_") and not secret):
             env[key] = value
     # ansible-playbook from umprov's own environment first: a venv need not be on PATH.
@@ -523,8 +505,8 @@ class _runner_environment:  # noqa: N801 - used as a context manager, reads like
 
 def _scrub_artifacts(artifact_dir: Path) -> None:
     """Drop the environment that ansible-runner records in artifacts/<id>/command, and the
-    run's extra-vars file (private/artifacts/<id> -> private/extravars.json)."""
-    (artifact_dir.parent.parent / EXTRA_VARS_FILE).unlink(missing_ok=True)
+    run's extra-vars files (private/artifacts/<id> -> private/extravars*.json)."""
+    remove_extra_vars_files(artifact_dir.parent.parent)
     command = artifact_dir / "command"
     try:
         data = json.loads(command.read_text())
@@ -581,11 +563,34 @@ def _consume(
     elif kind == "runner_on_unreachable" and host:
         res = data.get("res", {}) or {}
         results[host].failure = results[host].failure or f"unreachable: {_short_failure(res)}"
+        results[host].untrusted |= host_key_refused(str(res.get("msg") or ""))
         reduced = Event("unreachable", host, task, _short_failure(res))
     elif kind == "runner_on_skipped" and host:
         reduced = Event("skipped", host, task)
     if reduced and on_event:
         on_event(reduced)
+
+
+# What OpenSSH says when it refuses a host's key (StrictHostKeyChecking=yes), and Mitogen's
+# words for the same.
+_HOST_KEY_REFUSED = re.compile(
+    r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|"
+    r"No \S+ host key is known for|reported an unrecognized or mismatching host key", re.I)
+
+
+def host_key_refused(message: str) -> bool:
+    return bool(_HOST_KEY_REFUSED.search(message))
+
+
+def _explain_untrusted(results: dict[str, HostCounts], inventory: Inventory) -> None:
+    """A host whose key OpenSSH refused gets the one message every umprov command gives for
+    an unknown or changed key (the key is read again to say which)."""
+    from umprov.hosts.ssh import untrusted_message
+
+    hosts = {h.name: h for h in inventory.hosts}
+    for name, counts in results.items():
+        if counts.untrusted and name in hosts:
+            counts.failure = untrusted_message(hosts[name])
 
 
 def _apply_stats(runner: Any, results: dict[str, HostCounts]) -> None:

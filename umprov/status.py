@@ -1,9 +1,10 @@
 """`umprov status`: each host's driver, engine, GPUs and deployed container, probed in
 parallel; and how to reach a deployed container from here (``connect_text``).
 
-A host is "unreachable" when umprov cannot log in over SSH (refused, unknown key, bad
-credentials): that is the only state that fails the command (exit 11). Everything after the
-login (no driver, no engine, no container) is reported, not failed.
+A host is "unreachable" when umprov cannot log in over SSH (refused, bad credentials), or
+"untrusted" when its host key is unknown or changed: those are the states that fail the
+command (exit 11; exit 6, as in every command, for a key). Everything after the login (no
+driver, no engine, no container) is reported, not failed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from umprov.deploy.options import DEFAULT_NAME
 from umprov.deploy.spec import LABEL
 from umprov.deploy.state import load_connection, token_path
-from umprov.errors import ConfigError, UmprovError
+from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import render
 from umprov.hosts.engine import exec_in, one_line
 from umprov.hosts.fanout import Parallel
@@ -60,6 +61,8 @@ def host_status(host: Any, container_name: str | None, trust_new: bool) -> HostO
         ssh = connect(host, trust_new=trust_new)
     except UmprovError as exc:
         outcome.detail = str(exc)
+        if isinstance(exc, TrustError):  # an unknown or changed key: exit 6, as everywhere
+            outcome.state = "untrusted"
         return outcome
     outcome.state = "reachable"
     try:

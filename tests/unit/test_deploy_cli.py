@@ -96,3 +96,83 @@ def test_image_requirements_and_platforms():
     assert "manylinux2014_x86_64" in plats and "manylinux_2_36_x86_64" in plats
     assert "manylinux_2_37_x86_64" not in plats
     assert image.Target("3.11", "2.36").abi == "cp311"
+
+
+# Option values checked before any host is contacted (issue 19).
+
+
+@pytest.fixture
+def no_contact(monkeypatch):
+    """No SSH connection is made (each attempt is recorded and refused); the test checks the
+    list is still empty at its end."""
+    import paramiko
+
+    contacts: list[str] = []
+
+    def refuse(_client, hostname, *_args, **_kwargs):
+        contacts.append(hostname)
+        raise paramiko.SSHException("no contact in this test")
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", refuse)
+    yield
+    assert contacts == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--push", "--pull"], "--push and --pull: choose one"),
+        (["--shm-size", "lots"], "--shm-size: 'lots' is not a size such as 16g"),
+        (["--name", "bad name"], "--name: 'bad name' is not valid as a container name"),
+        (["--image", "Not/Valid Image"], "is not an image reference"),
+    ],
+)
+def test_deploy_option_values_checked_before_hosts(umprov_cli, pubkey, tmp_path, no_contact,
+                                                   args, message):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n")
+    result = umprov_cli("deploy", str(inventory), "--authorized-key", str(pubkey), *args)
+    assert result.exit_code == 4, result.stderr
+    assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("host_vars", "message"),
+    [
+        ("umprov_image: 'No Such/Image!'", "gpu2: umprov_image: 'No Such/Image!' is not an image"),
+        ("umprov_container_name: '-x'", "gpu2: umprov_container_name: '-x' is not valid"),
+        ("{umprov_ssh_port: 8888, umprov_jupyter_port: 8888}", "both 8888"),
+    ],
+)
+def test_deploy_host_values_checked_before_any_host(umprov_cli, pubkey, tmp_path, no_contact,
+                                                    host_vars, message):
+    inventory = tmp_path / "hosts.yml"
+    text = host_vars if host_vars.startswith("{") else "{" + host_vars + "}"
+    inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n"
+                         f"    gpu2: {text}\n")
+    result = umprov_cli("deploy", str(inventory), "--authorized-key", str(pubkey))
+    assert result.exit_code == 4, result.stderr
+    assert message in result.stderr
+
+
+def test_deploy_defaults_to_the_image_image_build_tags():
+    from tests.unit.fakes import FakeHost
+    from umprov.deploy.options import DeployOptions, settings_for
+    from umprov.image import DEFAULT_TAG
+
+    assert settings_for(FakeHost(), DeployOptions()).image == DEFAULT_TAG
+    host = FakeHost(vars={"umprov_image": "registry.example.com/mine:1"})
+    assert settings_for(host, DeployOptions()).image == "registry.example.com/mine:1"
+    assert settings_for(host, DeployOptions(image="x/y:2")).image == "x/y:2"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["status", "hosts.yml", "--name", "a/b"], "--name: 'a/b' is not valid as a container name"),
+    (["verify", "hosts.yml", "--image", "a b"], "--image: 'a b' is not an image"),
+    (["image", "build", "--tag", "bad tag"], "--tag: 'bad tag' is not an image reference"),
+    (["image", "build", "--base", "::"], "--base: '::' is not an image reference"),
+])
+def test_other_commands_check_their_values_first(umprov_cli, no_contact, args, message):
+    result = umprov_cli(*args)
+    assert result.exit_code == 4, result.stderr
+    assert message in result.stderr

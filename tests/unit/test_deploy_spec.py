@@ -92,8 +92,12 @@ def test_settings_precedence_cli_over_vars_over_defaults():
 
 
 def test_settings_errors():
-    with pytest.raises(ConfigError, match="no image"):
-        options.settings_for(FakeHost(), options.DeployOptions())
+    # No image anywhere is no longer an error (issue 19): the tag `umprov image build` gives.
+    from umprov.image import DEFAULT_TAG
+
+    assert options.settings_for(FakeHost(), options.DeployOptions()).image == DEFAULT_TAG
+    with pytest.raises(ConfigError, match="is not an image reference"):
+        options.settings_for(FakeHost(vars={"umprov_image": "Bad Image"}), options.DeployOptions())
     with pytest.raises(ConfigError, match="both 2222"):
         options.settings_for(FakeHost(), options.DeployOptions(image="i", jupyter_port=2222))
     with pytest.raises(ConfigError, match="not valid"):

@@ -553,3 +553,168 @@ def test_usage_error_is_one_line():
     assert result.exit_code == ExitCode.USAGE
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("umprov: error: ")
     assert "--ssh-port" in result.stderr and "umprov deploy --help" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 19: folders with group_vars (YAML errors, vault), templated values, comma lists and
+# several sources, vault options, -e @FILE and deploy's newer options
+
+
+VAULT_PASSWORD = "fuzz-vault-password"
+# Templates from a small alphabet: expressions, filters, undefined names, syntax errors, but no
+# function call (nothing like lookup('pipe', ...) can come out of it).
+template_text = st.text(alphabet="abxyz019 +-*/|._[]~%", max_size=16)
+templates = st.one_of(
+    template_text.map(lambda t: "{{ " + t + " }}"),
+    template_text.map(lambda t: "{% " + t + " %}"),
+    st.sampled_from(["{{ inventory_hostname }}", "{{ 2200 + 22 }}", "{{ undefined_thing }}",
+                     "{{ 1 / 0 }}", "{{ ansible_facts.distribution }}", "{{", "}}", "{{ }}",
+                     "{{ '9' * 5000 }}", "{{ [1, 2] }}", "{{ {'a': 1} }}", "{{ -1 }}",
+                     "{{ inventory_hostname }}.{{ domain }}", "{{ none }}"]),
+)
+templated_vars = st.dictionaries(
+    st.sampled_from(["ansible_host", "ansible_port", "ansible_user",
+                     "ansible_ssh_private_key_file", "umprov_ssh_port", "umprov_expected_gpus",
+                     "umprov_image", "umprov_known_hosts", "nvidia_driver_branch",
+                     "nvidia_driver_version", "docker_engine_users"]),
+    templates | values, max_size=4,
+)
+
+
+def _vault_text(text: str, password: str = VAULT_PASSWORD) -> bytes:
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    return VaultLib().encrypt(text, secret=VaultSecret(password.encode()))
+
+
+@st.composite
+def folder_inventories(draw: st.DrawFn) -> dict[str, str | bytes]:
+    """A folder: hosts.yml, and group_vars/host_vars files that may be broken or encrypted."""
+    files: dict[str, str | bytes] = {
+        "hosts.yml": dump({"all": {"vars": {"domain": "example.com"},
+                                   "hosts": {"gpu1": draw(st.none() | templated_vars)}}}),
+    }
+    for name in draw(st.lists(st.sampled_from(["group_vars/all.yml", "group_vars/all/vault.yml",
+                                               "host_vars/gpu1.yml", "group_vars/all/x.json"]),
+                              max_size=3, unique=True)):
+        body = draw(yaml_texts() | templated_vars.map(dump))
+        how = draw(st.sampled_from(["plain", "vault", "vault-wrong"]))
+        if how == "plain":
+            files[name] = body
+        else:
+            files[name] = _vault_text(body, VAULT_PASSWORD if how == "vault" else "other")
+    return files
+
+
+@pytest.fixture(scope="module")
+def password_file(work: Path) -> Path:
+    path = work / "vault-pass.txt"
+    path.write_text(VAULT_PASSWORD + "\n")
+    return path
+
+
+@FUZZ
+@given(files=folder_inventories(), give_password=st.booleans(), as_json=st.booleans())
+@example(files={"hosts.yml": "all:\n  hosts:\n    gpu1:\n",
+                "group_vars/all/vault.yml": _vault_text("a: 1\n")},
+         give_password=False, as_json=False)
+@example(files={"hosts.yml": "all:\n  hosts:\n    gpu1:\n", "group_vars/all.yml": "a: [\n"},
+         give_password=False, as_json=True)
+def test_folder_inventory_never_crashes(work, password_file, files, give_password, as_json):
+    folder = work / f"site{next(_SEQ)}"
+    for name, body in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(body, bytes):
+            (folder / name).write_bytes(body)
+        else:
+            (folder / name).write_text(body, encoding="utf-8", errors="surrogatepass")
+    args = ["inventory", "check", str(folder)]
+    args += ["--vault-password-file", str(password_file)] if give_password else []
+    result = umprov(*args, *(["--json"] if as_json else []))
+    assert_clean(result, allowed={ExitCode.INVENTORY}, as_json=as_json)
+    if result.exit_code and "vault" in result.stderr:
+        assert str(folder) in result.stderr, result.stderr
+
+
+@FUZZ
+@given(host_vars=templated_vars)
+@example(host_vars={"ansible_port": "{{ '9' * 5000 }}"})
+@example(host_vars={"umprov_expected_gpus": "{{ -1 }}"})
+def test_templated_values_are_accepted_or_named(work, host_vars):
+    body = dump({"all": {"vars": {"domain": "example.com"}, "hosts": {"gpu1": host_vars}}})
+    result = umprov("inventory", "check", str(write(work, ".yml", body)), "--json")
+    assert_clean(result, allowed={ExitCode.INVENTORY}, as_json=True)
+
+
+sources = st.one_of(
+    st.text(alphabet="abg019,.-_ ~/", min_size=1, max_size=20),
+    st.lists(st.sampled_from(["gpu1", "gpu2", "10.0.0.1", "[::1]", "h:22", "", " "]),
+             min_size=1, max_size=4).map(",".join),
+)
+
+
+@FUZZ
+@given(given_sources=st.lists(sources, min_size=1, max_size=3))
+@example(given_sources=["gpu1,gpu2,"])
+@example(given_sources=[",", "gpu1,gpu1,"])
+def test_comma_lists_and_several_sources(given_sources):
+    args = ["inventory", "check", "--json"]
+    for source in given_sources:
+        args += ["-i", source]
+    assert_clean(umprov(*args), allowed={ExitCode.INVENTORY}, as_json=True)
+
+
+vault_ids = st.one_of(
+    st.text(max_size=20).filter(lambda t: "prompt" not in t),
+    st.sampled_from(["default@", "@", "a@b@c", "prod@/nonexistent", "x@/dev/null", "@/etc",
+                     "label"]),
+)
+
+
+@FUZZ
+@given(ids=st.lists(vault_ids, max_size=2), contents=st.lists(st.binary(max_size=20),
+                                                              max_size=2))
+def test_vault_options_never_crash(work, ids, contents):
+    """Odd --vault-id values and password files of any content (never executable: a script
+    would be run)."""
+    args = ["inventory", "check", "gpu1,"]
+    for vault_id in ids:
+        args += ["--vault-id", vault_id]
+    for data in contents:
+        args += ["--vault-password-file", str(write(work, ".pass", data))]
+    assert_clean(umprov(*args), allowed={ExitCode.INVENTORY, ExitCode.CONFIG})
+
+
+@FUZZ
+@given(body=yaml_texts() | st.binary(max_size=40), encrypted=st.booleans())
+def test_extra_vars_files(work, body, encrypted):
+    """-e @FILE: read as ansible-playbook reads it, or one line naming the file (exit 4).
+    Checked directly: through the CLI a good file would go on to run a playbook."""
+    from umprov.inventory import Vault
+    from umprov.inventory.vault import VaultPassword
+    from umprov.paths import Secret
+    from umprov.provision_args import check_extra_files
+
+    data = body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
+    path = write(work, ".yml", _vault_text(data.decode("utf-8", "replace")) if encrypted else data)
+    vault = Vault((VaultPassword("default", secret=Secret(VAULT_PASSWORD)),))
+    try:
+        check_extra_files([path], vault)
+    except ConfigError as exc:
+        assert_one_line(exc)
+        assert str(path) in str(exc)
+
+
+@FUZZ
+@given(shm=st.text(max_size=10) | st.sampled_from(["16g", "0", "1.5m", "1e9", "-1g", "16gb"]),
+       name=st.none() | st.text(max_size=12), push=st.booleans(), pull=st.booleans())
+def test_deploy_newer_options(work, shm, name, push, pull):
+    key = work / "junk.pub"
+    key.write_text("not a key\n")
+    args = ["deploy", str(work / "no-such-inventory.yml"), "--authorized-key", str(key),
+            f"--shm-size={shm}"]
+    args += [f"--name={name}"] if name is not None else []
+    args += (["--push"] if push else []) + (["--pull"] if pull else [])
+    result = umprov(*args)
+    assert_clean(result, allowed={ExitCode.USAGE, ExitCode.CONFIG})
+    assert result.exit_code != 0

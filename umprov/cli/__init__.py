@@ -151,6 +151,26 @@ def cli() -> None:
     """
 
 
+def redacted_argv(argv: list[str]) -> list[str]:
+    """argv for a crash log: every -e value blanked (KEY=VALUE may carry a password; an @FILE
+    is only a path and stays)."""
+
+    def blank(value: str) -> str:
+        key, sep, _ = value.partition("=")
+        return value if value.startswith("@") or not sep else f"{key}=<redacted>"
+
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in ("-e", "--extra-vars"):
+            arg = blank(arg)
+        elif arg.startswith("--extra-vars="):
+            arg = "--extra-vars=" + blank(arg.removeprefix("--extra-vars="))
+        elif arg.startswith("-e") and len(arg) > 2:
+            arg = "-e" + blank(arg[2:])
+        out.append(arg)
+    return out
+
+
 def _log_internal_error(exc: BaseException) -> Path | None:
     try:
         from umprov.paths import state_dir, write_private
@@ -159,7 +179,7 @@ def _log_internal_error(exc: BaseException) -> Path | None:
         log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = log_dir / f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
         versions = "\n".join(f"{n} {v}" for n, v in _stack_versions())
-        body = f"argv: {sys.argv!r}\n{versions}\n\n" + "".join(
+        body = f"argv: {redacted_argv(sys.argv)!r}\n{versions}\n\n" + "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__)
         )
         write_private(path, body)

@@ -8,24 +8,26 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import inventory_argument, json_option
+from umprov.cli.options import inventory_options, json_option
 from umprov.hosts import render
 from umprov.hosts.progress import size_text
-from umprov.output import emit_json, print_outcomes, say, say_problems
+from umprov.output import emit_json, print_outcomes, say, say_problems, say_untrusted
 
 if TYPE_CHECKING:
     from umprov.hosts.results import HostOutcome
+    from umprov.inventory import InventoryRequest
 
 
 @click.command()
-@inventory_argument
+@inventory_options()
 @click.option("--limit", "-l", metavar="PATTERN",
               help="Only hosts or groups matching (globs, commas).")
-@click.option("--image", metavar="IMAGE", help="Image to run (default: the host's umprov_image).")
-@click.option("--pull", "delivery", flag_value="pull",
+@click.option("--image", metavar="IMAGE", help="Image to run (default: the host's umprov_image, "
+              "else the tag `umprov image build` gives).")
+@click.option("--pull", is_flag=True,
               help="Pull the image from its registry on each host (a private registry's CA: "
               "docker_engine_registry_ca_certs; credentials: this machine's docker login).")
-@click.option("--push", "delivery", flag_value="push",
+@click.option("--push", is_flag=True,
               help="Stream the image from this machine (docker save over SSH into docker load); "
               "hosts that have the same image ID are skipped, and layers a host already holds "
               "are left out of its stream.")
@@ -50,10 +52,11 @@ if TYPE_CHECKING:
               "root in the container could use your keys while you are logged in).")
 @json_option
 def deploy(
-    inventory: str | None,
+    inventory: InventoryRequest,
     limit: str | None,
     image: str | None,
-    delivery: str | None,
+    pull: bool,
+    push: bool,
     gpus: str | None,
     ssh_port: int | None,
     jupyter_port: int | None,
@@ -75,13 +78,16 @@ def deploy(
     umprov deploy lab/demo --push --gpus none --limit lab-demo-1
     umprov status --connect lab-demo-1      # ssh command and Jupyter URL
     """
-    from umprov.deploy.options import DeployOptions, checked, network_exposure
+    from umprov.deploy.options import DeployOptions, checked, network_exposure, settings_for_all
+    from umprov.errors import ConfigError
     from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
 
+    if push and pull:
+        raise ConfigError("--push and --pull: choose one way to deliver the image")
     opts = checked(DeployOptions(
         image=image,
-        delivery=delivery or "none",
+        delivery="push" if push else "pull" if pull else "none",
         gpus=gpus,
         ssh_port=ssh_port,
         jupyter_port=jupyter_port,
@@ -93,6 +99,7 @@ def deploy(
         agent_forwarding=allow_agent_forwarding,
     ), authorized_key)
     hosts = list(load_inventory(inventory).select(limit))
+    settings_for_all(hosts, opts)  # every host's values, before any host is contacted
     for warning in network_exposure(hosts, opts):
         say(f"umprov: {warning}")
     local_client = None
@@ -120,6 +127,7 @@ def deploy(
         })
     print_outcomes(f"deploy: {len(results)} host(s) in {elapsed:.1f} s", results, COLUMNS)
     say_problems(results, "failed")
+    say_untrusted(results)
     return int(code)
 
 

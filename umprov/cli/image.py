@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import json_option
+from umprov.cli.options import inventory_options, json_option
 from umprov.output import emit_json, say
+
+if TYPE_CHECKING:
+    from umprov.inventory import InventoryRequest
 
 
 @click.group()
@@ -23,9 +27,9 @@ def image() -> None:
               help="torch wheel to carry in the context, for a base without torch.")
 @click.option("--python", "python_version", metavar="X.Y",
               help="Python of the base, when the base is not on the engine to ask.")
-@click.option("--host", metavar="HOST", help="Build on this inventory host's engine (over SSH).")
-@click.option("--inventory", "-i", "inventory", metavar="INVENTORY",
-              help="Inventory holding --host.")
+@click.option("--host", metavar="HOST", help="Build on this inventory host's engine (over SSH; "
+              "the inventory: -i, else ansible.cfg's).")
+@inventory_options(positional=False)
 @click.option("--trust-new-hosts", is_flag=True,
               help="Record the host key of a host never seen before (first contact only).")
 @json_option
@@ -35,7 +39,7 @@ def build(
     torch_wheel: Path | None,
     python_version: str | None,
     host: str | None,
-    inventory: str | None,
+    inventory: InventoryRequest,
     trust_new_hosts: bool,
     as_json: bool,
 ) -> None:
@@ -47,10 +51,11 @@ def build(
     umprov lab image                        # the lab's image (Debian 12, CPU torch): umprov-lab
     """
     from umprov import image as image_mod
+    from umprov.deploy.options import check_image
     from umprov.errors import ConfigError
 
-    base = base or image_mod.DEFAULT_BASE
-    tag = tag or image_mod.DEFAULT_TAG
+    base = check_image(base or image_mod.DEFAULT_BASE, "--base")
+    tag = check_image(tag or image_mod.DEFAULT_TAG, "--tag")
     if host:
         from umprov.hosts.engine import docker_client
         from umprov.inventory import load_inventory

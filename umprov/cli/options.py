@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -10,11 +11,66 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-inventory_argument = click.argument("inventory", required=False, metavar="[INVENTORY]")
-
-
 def json_option(func: F) -> F:
     return click.option(
         "--json", "as_json", is_flag=True, help="Print the result as JSON on stdout."
     )(func)
 
+
+def inventory_options(*, positional: bool = True) -> Callable[[F], F]:
+    """The inventory, given the same way in every command, as ansible-playbook takes it:
+    ``-i/--inventory`` (repeatable; with ``positional``, the first may also be the command's
+    first argument) and the vault options. The command gets one ``inventory`` parameter, an
+    umprov.inventory.InventoryRequest whose vault prompt reads the terminal."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, inventory_arg: str | None = None,
+                    inventory_opts: tuple[str, ...] = (), vault_ids: tuple[str, ...] = (),
+                    vault_password_files: tuple[str, ...] = (), ask_vault_pass: bool = False,
+                    **kwargs: Any) -> Any:
+            from umprov.inventory import InventoryRequest
+
+            sources = ((inventory_arg,) if inventory_arg else ()) + tuple(inventory_opts)
+            kwargs["inventory"] = InventoryRequest(
+                sources=sources, vault_ids=tuple(vault_ids),
+                vault_password_files=tuple(vault_password_files), ask_vault_pass=ask_vault_pass,
+                prompt=ask_vault_password,
+            )
+            return func(*args, **kwargs)
+
+        options = [
+            click.option("-i", "--inventory", "inventory_opts", multiple=True,
+                         metavar="INVENTORY", help="Inventory source, as ansible-playbook -i "
+                         "takes it (repeatable): a file, a folder, a comma list such as "
+                         "gpu1,gpu2, or a name under inventory/; default: ansible.cfg's."),
+            click.option("--vault-id", "vault_ids", multiple=True, metavar="LABEL@SOURCE",
+                         help="Vault identity: LABEL@FILE (a password file or script) or "
+                         "LABEL@prompt (repeatable)."),
+            click.option("--vault-password-file", "--vault-pass-file", "vault_password_files",
+                         multiple=True, metavar="FILE",
+                         help="File (or script) holding the vault password (repeatable)."),
+            click.option("-J", "--ask-vault-pass", "--ask-vault-password", "ask_vault_pass",
+                         is_flag=True, help="Ask for the vault password."),
+        ]
+        if positional:
+            options.insert(0, click.argument("inventory_arg", required=False,
+                                             metavar="[INVENTORY]"))
+        decorated: Any = wrapper
+        for option in reversed(options):
+            decorated = option(decorated)
+        return decorated
+
+    return decorate
+
+
+def ask_vault_password(label: str) -> str:
+    """A vault password read from the terminal, not echoed."""
+    return str(click.prompt(f"Vault password ({label})", hide_input=True, err=True,
+                            default="", show_default=False))
+
+
+def ask_become_password() -> str:
+    """The privilege escalation (sudo) password, read from the terminal, not echoed."""
+    return str(click.prompt("BECOME password", hide_input=True, err=True, default="",
+                            show_default=False))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from umprov.cli.options import inventory_argument, json_option
+from umprov.cli.options import ask_become_password, inventory_options, json_option
 from umprov.hosts import render
-from umprov.output import emit_json, print_outcomes, say
+from umprov.output import emit_json, print_outcomes, say, say_untrusted
+
+if TYPE_CHECKING:
+    from umprov.inventory import InventoryRequest
 
 ONLY = ("preflight", "driver", "docker", "toolkit")
 COLUMNS: list[render.Field] = [
@@ -18,7 +23,7 @@ COLUMNS: list[render.Field] = [
 
 
 @click.command()
-@inventory_argument
+@inventory_options()
 @click.option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")
 @click.option(
     "--only",
@@ -29,8 +34,15 @@ COLUMNS: list[render.Field] = [
 @click.option("--check", is_flag=True, help="Dry run: report what would change.")
 @click.option("--diff", is_flag=True, help="Show file and template differences.")
 @click.option(
-    "-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE", help="Set a variable."
+    "-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE|@FILE",
+    help="Set a variable, or every variable of a YAML or JSON file (repeatable; later wins).",
 )
+@click.option("-K", "--ask-become-pass", "--ask-become-password", "ask_become_pass",
+              is_flag=True, help="Ask for the privilege escalation (sudo) password; it reaches "
+              "ansible-playbook through a private file, never a command line.")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Record the host keys of hosts never seen before (first contact only; a "
+              "changed key is still refused).")
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts handled in parallel.")
 @click.option(
     "--playbook", default="site.yml", show_default=True, help="Playbook under playbooks/."
@@ -45,12 +57,14 @@ COLUMNS: list[render.Field] = [
 )
 @json_option
 def provision(
-    inventory: str | None,
+    inventory: InventoryRequest,
     limit: str | None,
     only: tuple[str, ...],
     check: bool,
     diff: bool,
     extra: tuple[str, ...],
+    ask_become_pass: bool,
+    trust_new_hosts: bool,
     forks: int | None,
     playbook: str,
     strategy: str,
@@ -59,21 +73,34 @@ def provision(
     """Install NVIDIA drivers, Docker and the NVIDIA Container Toolkit on INVENTORY.
 
     Runs playbooks/site.yml through ansible-runner. Exit code 0 when every host converged,
-    10 when a host failed, 11 when a host was unreachable.
+    10 when a host failed, 6 when a host's SSH key is unknown or changed, 11 when a host was
+    unreachable. OpenSSH checks host keys against the known_hosts files every umprov command
+    uses (umprov trust records there).
 
     \b
     Examples:
       umprov provision hosts
       umprov provision lab/demo --only docker --check --diff
+      umprov provision -i site/ --ask-vault-pass -K -e @overrides.yml
     """
     from umprov import provision as prov
     from umprov.cli._progress import ProvisionProgress
     from umprov.inventory import load_inventory
+    from umprov.paths import Secret
 
+    extra_vars = prov.parse_extra(extra)  # a bad pair fails before anything is read
     inv = load_inventory(inventory)
-    extra_vars = prov.parse_extra_vars(extra)
+    prov.check_extra_files(extra_vars, inv.vault)
+    become = None
+    if ask_become_pass or prov.become_ask_pass_configured():
+        become = Secret(ask_become_password())
+    hosts = inv.select(limit) if limit else inv.hosts
+    if trust_new_hosts:
+        from umprov.hosts.ssh import record_new_host_keys
+
+        record_new_host_keys(hosts)
     tags = ["preflight", *only] if only else []
-    with ProvisionProgress(inv.select(limit) if limit else inv.hosts) as progress:
+    with ProvisionProgress(hosts) as progress:
         result = prov.run_playbook(
             inv,
             playbook=playbook,
@@ -81,7 +108,8 @@ def provision(
             tags=tags,
             check=check,
             diff=diff,
-            extra_vars=extra_vars,
+            extra=extra_vars,
+            become_password=become,
             forks=forks,
             on_event=progress.update,
             strategy=strategy,
@@ -98,4 +126,5 @@ def provision(
     for h in result.hosts:
         if h.detail and h.data["notes"]:  # the notes took the failure's cell
             say(f"{h.host}: {h.detail}")
+    say_untrusted(result.hosts)
     return int(result.exit_code)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import inventory_argument, json_option
+from umprov.cli.options import inventory_options, json_option
 from umprov.errors import ExitCode
 from umprov.hosts import render
-from umprov.output import emit_json, print_outcomes, say_problems
+from umprov.output import emit_json, print_outcomes, say_problems, say_untrusted
+
+if TYPE_CHECKING:
+    from umprov.inventory import InventoryRequest
 
 
 def _yes_no(value: Any) -> str:
@@ -37,7 +40,7 @@ COLUMNS: list[render.Field] = [
 
 
 @click.command()
-@inventory_argument
+@inventory_options()
 @click.option("--limit", "-l", metavar="PATTERN", help="Only hosts or groups matching.")
 @click.option("--name", metavar="NAME", help="Container name (default: umprov).")
 @click.option("--connect", "connect_host", metavar="HOST",
@@ -45,7 +48,7 @@ COLUMNS: list[render.Field] = [
 @click.option("--trust-new-hosts", is_flag=True, help="Record keys of hosts never seen before.")
 @json_option
 def status(
-    inventory: str | None,
+    inventory: InventoryRequest,
     limit: str | None,
     name: str | None,
     connect_host: str | None,
@@ -63,14 +66,18 @@ def status(
 
         click.echo(connect_text(connect_host))
         return ExitCode.OK
+    from umprov.deploy.options import check_container_name
     from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
     from umprov.status import HOST_FIELDS, probe
 
+    if name is not None:
+        check_container_name(name, "--name")
     outcomes = probe(list(load_inventory(inventory).select(limit)), name,
                      trust_new=trust_new_hosts)
     if as_json:
         emit_json({"hosts": render.records(outcomes, HOST_FIELDS)})
     print_outcomes("status", outcomes, COLUMNS)
     say_problems(outcomes, "unreachable")
+    say_untrusted(outcomes)
     return exit_code(outcomes)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import json_option
+from umprov.cli.options import inventory_options, json_option
 from umprov.hosts import HostLike
 from umprov.output import emit_json, say
+
+if TYPE_CHECKING:
+    from umprov.inventory import InventoryRequest
 
 
 @dataclass(frozen=True)
@@ -35,17 +39,17 @@ def _parse_address(text: str) -> _Target | None:
 
 @click.command()
 @click.argument("host")
-@click.option("--inventory", "-i", metavar="INVENTORY",
-              help="Inventory holding HOST (a name or group pattern); without it HOST is an "
-              "address: ADDRESS, ADDRESS:PORT or [ADDRESS]:PORT.")
+@inventory_options(positional=False)
 @click.option("--yes", "-y", is_flag=True, help="Record without asking (scripted use).")
 @json_option
-def trust(host: str, inventory: str | None, yes: bool, as_json: bool) -> int:
+def trust(host: str, inventory: InventoryRequest, yes: bool, as_json: bool) -> int:
     """Show a host's SSH key fingerprint and record it in umprov's known_hosts if confirmed.
 
-    Compare the fingerprint with one read on the host's console (`ssh-keygen -lf
-    /etc/ssh/ssh_host_ed25519_key.pub`) before saying yes. A key that differs from one already
-    recorded is refused, never replaced.
+    With -i, HOST is a name or group pattern of that inventory; without, an address:
+    ADDRESS, ADDRESS:PORT or [ADDRESS]:PORT. Compare the fingerprint with one read on the
+    host's console (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`) before saying yes. A
+    key that differs from one already recorded is refused, never replaced. Every command
+    (provision's OpenSSH included) checks keys against the file this records in.
 
     \b
     umprov trust gpu1 -i inventory/hosts.yml
@@ -55,7 +59,7 @@ def trust(host: str, inventory: str | None, yes: bool, as_json: bool) -> int:
     from umprov.hosts.ssh import presented_key, record_host_key
 
     targets: list[HostLike]
-    if inventory:
+    if inventory.sources:
         from umprov.inventory import load_inventory
 
         targets = list(load_inventory(inventory).select(host))

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import inventory_argument, json_option
-from umprov.output import emit_json, say
+from umprov.cli.options import inventory_options, json_option
+from umprov.output import emit_json, say, say_untrusted
 from umprov.verify.local import run_local
+
+if TYPE_CHECKING:
+    from umprov.inventory import InventoryRequest
 
 
 @click.command()
-@inventory_argument
+@inventory_options()
 @click.option("--local", is_flag=True, help="Verify this machine (runs the agent here).")
 @click.option("--quick", is_flag=True, help="The fast subset: seconds, no bandwidth verdicts.")
 @click.option("--limit", "-l", "--hosts", "limit", metavar="PATTERN",
@@ -51,7 +54,7 @@ from umprov.verify.local import run_local
               help="Table rows for every check, or only warnings and failures.")
 @json_option
 def verify(
-    inventory: str | None,
+    inventory: InventoryRequest,
     local: bool,
     quick: bool,
     limit: str | None,
@@ -88,10 +91,14 @@ def verify(
     from umprov.verify import report
     from umprov.verify.profiles import load_overrides, resolve
 
-    if local and inventory:
+    if local and inventory.sources:
         raise ConfigError("give an INVENTORY or --local, not both")
     if local and image:
         raise ConfigError("--image runs the agent in containers on inventory hosts, not --local")
+    if image is not None:
+        from umprov.deploy.options import check_image
+
+        check_image(image)
     if python and not local:
         raise ConfigError("--python applies to --local only")
     if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"):
@@ -128,13 +135,14 @@ def verify(
     if as_json:
         emit_json(run_doc)
     report.print_report(docs, all_rows=all_rows)
+    say_untrusted([report.outcome(d) for d in docs])
     for target, what in ((junit, "JUnit"), (prometheus, "Prometheus")):
         if target:
             say(f"{what} report: {target}")
     return int(run_doc["exit_code"])
 
 
-def run_inventory(inventory: str | None, *, limit: str | None, quick: bool, timeout: float,
+def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool, timeout: float,
                   expected_gpus: int | None, overrides: dict[str, Any], image: str | None,
                   trust_new: bool) -> list[dict]:
     from umprov.cli._progress import HostProgress
@@ -148,7 +156,7 @@ def run_inventory(inventory: str | None, *, limit: str | None, quick: bool, time
         return verify_hosts(hosts, opts, progress=progress)
 
 
-def run_multinode(inventory: str | None, *, limit: str | None, backend: str,
+def run_multinode(inventory: InventoryRequest, *, limit: str | None, backend: str,
                   rendezvous: str | None, timeout: float, nproc_per_node: int | None,
                   trust_new: bool) -> list[dict]:
     from umprov.cli._progress import HostProgress

@@ -16,7 +16,8 @@ from typing import Any
 
 from umprov.errors import ConfigError, UmprovError
 from umprov.hosts import HostLike, is_loopback
-from umprov.inventory import flag
+from umprov.image import DEFAULT_TAG
+from umprov.inventory import check_format, flag
 
 DEFAULT_NAME = "umprov"
 DEFAULT_SSH_PORT = 2222
@@ -89,6 +90,19 @@ def check_image(value: str, what: str = "--image") -> str:
     return text
 
 
+def check_container_name(value: str, what: str) -> str:
+    """A name Docker accepts for a container."""
+    if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}", str(value), re.ASCII):
+        raise ConfigError(f"{what}: {str(value)[:80]!r} is not valid as a container name "
+                          "(letters, digits, and _ . - after the first)")
+    return str(value)
+
+
+def check_shm_size(value: str) -> str:
+    """--shm-size as Docker reads a size (roles/gpu_preflight/files/value_rules.yml, 'size')."""
+    return check_format("size", value, "--shm-size")
+
+
 def check_bind(value: str) -> str:
     try:
         return str(ipaddress.ip_address(value.strip("[]")))
@@ -152,6 +166,9 @@ def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
         check_port(opts.jupyter_port, "--jupyter-port")
     if opts.bind is not None:
         check_bind(opts.bind)
+    if opts.name is not None:
+        check_container_name(opts.name, "--name")
+    check_shm_size(opts.shm_size)
     key_path = authorized_key or default_public_key()
     keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
     private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
@@ -176,11 +193,9 @@ class HostSettings:
 
 def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     hv: Mapping[str, Any] = getattr(host, "vars", {}) or {}
-    image = opts.image or hv.get("umprov_image")
-    if not image:
-        raise ConfigError(f"{host.name}: no image: pass --image or set umprov_image")
-    if not (isinstance(image, str) and "{{" in image):
-        check_image(image, "--image" if opts.image else f"{host.name}: umprov_image")
+    # Without --image or umprov_image: the image `umprov image build` tags by default.
+    image = opts.image or hv.get("umprov_image") or DEFAULT_TAG
+    check_image(image, "--image" if opts.image else f"{host.name}: umprov_image")
     ssh_port = check_port(
         opts.ssh_port or hv.get("umprov_ssh_port") or DEFAULT_SSH_PORT, "--ssh-port"
     )
@@ -191,9 +206,10 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
         raise ConfigError(f"{host.name}: --ssh-port and --jupyter-port are both {ssh_port}")
     bind = check_bind(opts.bind or str(hv.get("umprov_bind") or DEFAULT_BIND))
     gpus = parse_gpus(opts.gpus or str(hv.get("umprov_gpus") or "all"))
-    name = opts.name or str(hv.get("umprov_container_name") or DEFAULT_NAME)
-    if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name):
-        raise ConfigError(f"{host.name}: container name {name!r} is not valid")
+    name = check_container_name(
+        opts.name or str(hv.get("umprov_container_name") or DEFAULT_NAME),
+        "--name" if opts.name else f"{host.name}: umprov_container_name",
+    )
     raise_limits = flag(hv.get("umprov_container_limits"), default=True)
     return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits)
 
@@ -216,3 +232,10 @@ def network_exposure(hosts: list[HostLike], opts: DeployOptions) -> list[str]:
         "default, 127.0.0.1, reaches them through the host over SSH"
         for bind, names in exposed.items()
     ]
+
+
+def settings_for_all(hosts: list[HostLike], opts: DeployOptions) -> None:
+    """Every host's settings checked before any host is contacted: a bad value (an option, or
+    a host's variable) stops the run with exit 4 instead of failing hosts one by one."""
+    for host in hosts:
+        settings_for(host, opts)

@@ -361,13 +361,39 @@ def presented_key(host: HostLike) -> Presented:
     key = scan_host_key(host.address, host.port)
     check = check_key(load_known_hosts(files), pattern, key)
     if check.state == "changed":
-        where = ", ".join(str(p) for p in files_holding(pattern, files))
-        raise TrustError(
-            f"HOST KEY CHANGED for {pattern}: it presents {key_label(key)}, {where} records "
-            f"{', '.join(key_label(k) for k in check.expected)}; refusing (remove the old "
-            "entry yourself if the host was really reinstalled)"
-        )
+        raise TrustError(_changed_message(pattern, key, check, files))
     return Presented(pattern, key, check.state == "known")
+
+
+def untrusted_message(host: HostLike) -> str:
+    """What every umprov command says of a host whose key was refused (by paramiko here, or
+    by OpenSSH under ansible-playbook): the key is read again to say whether it is unknown or
+    changed, and which it is."""
+    try:
+        shown = presented_key(host)
+    except TrustError as exc:
+        return str(exc)
+    except UmprovError as exc:  # gone meanwhile: what OpenSSH said is all there is
+        return f"{host.name}: SSH host key refused ({exc})"
+    if shown.known:  # recorded since (another run, `umprov trust`): worth a retry
+        return f"{host.name}: SSH host key refused, but {shown.pattern} is trusted now; run again"
+    return _unknown_message(shown.pattern, shown.key, host.name)
+
+
+def record_new_host_keys(hosts: Iterable[HostLike]) -> list[str]:
+    """--trust-new-hosts for a command whose SSH is OpenSSH's (provision): each host never
+    seen before has its key recorded in umprov's known_hosts; a changed key is refused
+    (TrustError) and an unreachable host left for the run to report. The patterns recorded."""
+    recorded = []
+    for host in hosts:
+        try:
+            shown = presented_key(host)
+        except Unreachable:
+            continue
+        if not shown.known:
+            record_host_key(shown.pattern, shown.key)
+            recorded.append(shown.pattern)
+    return recorded
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,3 +412,27 @@ def openssh_options(files: Iterable[Path], *, key_file: str | None = None) -> li
     if key_file:
         opts += ["-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(key_file)]
     return opts
+
+
+def ansible_ssh_args(hosts: Iterable[HostLike], base: str) -> str:
+    """ssh_args (ANSIBLE_SSH_ARGS) for ansible-playbook: ``base`` (what it would use anyway)
+    and the options that make OpenSSH check keys against the files umprov itself checks (every
+    host's own known_hosts, the user's, umprov's), refusing unknown ones. ssh_args come first
+    on ssh's command line, and the first value of an option wins there, so an inventory's
+    ansible_ssh_common_args (a ProxyJump, say) keeps working without changing whom we trust."""
+    import shlex
+
+    files: list[Path] = []
+    for host in [*hosts, None]:
+        files += [f for f in known_hosts_files(host) if f not in files]
+    quoted = " ".join(_ssh_config_word(str(f)) for f in files)
+    trust = ["-o", f"UserKnownHostsFile={quoted}", "-o", "StrictHostKeyChecking=yes",
+             "-o", "UpdateHostKeys=no"]
+    return f"{base} {shlex.join(trust)}".strip()
+
+
+def _ssh_config_word(text: str) -> str:
+    """A path as one word of an ssh_config value: quoted when it holds a space; % and ~ are
+    OpenSSH's tokens, so a literal % is doubled."""
+    text = text.replace("%", "%%")
+    return f'"{text}"' if any(c.isspace() for c in text) else text

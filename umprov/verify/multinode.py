@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umprov.errors import ConfigError, UmprovError
+from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import is_loopback
 from umprov.hosts.engine import engine_error, exec_in, tar_files
 from umprov.hosts.fanout import settle
@@ -41,7 +41,7 @@ from umprov.inventory import flag
 from umprov.verify.agent.runner import MULTICAST_OFF
 from umprov.verify.bundle import AGENT_NAME
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
-from umprov.verify.report import UNREACHABLE
+from umprov.verify.report import UNREACHABLE, UNTRUSTED
 
 LABEL = "org.umprov.multinode"
 DEFAULT_RDZV_PORT = 29400
@@ -250,6 +250,8 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
         progress(name, "connecting")
         st.client = docker_client(st.host, trust_new=opts.trust_new, timeout=opts.timeout)
         st.client.ping()
+    except TrustError as exc:  # an unknown or changed key: exit 6, as in every command
+        return _failed(st, "connect", f"{UNTRUSTED}{exc}", "config")
     except UmprovError as exc:
         return _failed(st, "connect", f"{UNREACHABLE}{exc}", "config")
     except Exception as exc:  # the engine is down or refuses: the host cannot join

@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umprov.errors import Cancelled, UmprovError, Unreachable
+from umprov.errors import Cancelled, TrustError, UmprovError, Unreachable
 from umprov.hosts.engine import exec_in, tar_files, untar_one
 from umprov.hosts.fanout import Parallel
 from umprov.hosts.progress import Progress, quiet
 from umprov.verify.bundle import AGENT_NAME, agent_zipapp
-from umprov.verify.report import UNREACHABLE, checked, failed_host_report
+from umprov.verify.report import UNREACHABLE, UNTRUSTED, checked, failed_host_report
 
 
 def run_agent_in_container(
@@ -216,6 +216,10 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
     except Unreachable as exc:  # before or during the run (the host lost: no reconnect)
         progress(host.name, "unreachable")
         return failed_host_report(host.name, "agent.connect", f"{UNREACHABLE}{exc}", mode=mode)
+    except TrustError as exc:
+        progress(host.name, "untrusted")
+        return failed_host_report(host.name, "agent.connect", f"{UNTRUSTED}{exc}",
+                                  hint="config", mode=mode)
     except UmprovError as exc:
         progress(host.name, "failed")
         return failed_host_report(host.name, "agent.connect", str(exc), hint="config",

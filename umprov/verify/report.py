@@ -65,25 +65,33 @@ def run_verdict(docs: Sequence[dict]) -> str:
 UNREACHABLE = "unreachable: "
 
 
-def unreachable(doc: Mapping[str, Any]) -> bool:
-    """A host that failed only because it could not be reached (or was lost mid-run)."""
+# ... and a host whose SSH key is unknown or changed (exit 6, as in every command).
+UNTRUSTED = "untrusted: "
+
+
+def unreachable(doc: Mapping[str, Any], prefix: str = UNREACHABLE) -> bool:
+    """A host that failed only because it could not be reached (or was lost mid-run); with
+    ``prefix`` UNTRUSTED: only because its SSH key was refused."""
     fails = [r for r in doc.get("records", []) if r.get("verdict") == "fail"]
     return bool(fails) and all(
         r.get("check") in ("agent.connect", "connect")
-        and str(r.get("detail") or "").startswith(UNREACHABLE)
+        and str(r.get("detail") or "").startswith(prefix)
         for r in fails
     )
 
 
 def outcome(doc: Mapping[str, Any]) -> HostOutcome:
-    """A host's report as the outcome every command gives: its verdict, or unreachable when
-    that is all that failed; a host with nothing but skips has not passed."""
-    verdict = str(doc["verdict"])
+    """A host's report as the outcome every command gives: its verdict, or unreachable (or
+    untrusted) when that is all that failed; a host with nothing but skips has not passed."""
+    verdict, detail = str(doc["verdict"]), ""
     if verdict == "fail" and unreachable(doc):
         verdict = "unreachable"
+    elif verdict == "fail" and unreachable(doc, UNTRUSTED):
+        verdict = "untrusted"
+        detail = str(doc["records"][0].get("detail") or "").removeprefix(UNTRUSTED)
     elif verdict not in ("pass", "warn", "unreachable"):
         verdict = "fail"
-    return HostOutcome(str(doc.get("host", "")), verdict)
+    return HostOutcome(str(doc.get("host", "")), verdict, detail)
 
 
 def run_exit_code(docs: Sequence[dict]) -> ExitCode:

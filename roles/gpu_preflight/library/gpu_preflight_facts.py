@@ -56,6 +56,16 @@ options:
     description: Fail on unknown variables; otherwise warn.
     type: bool
     default: true
+  value_rules:
+    description:
+      - The role's files/value_rules.yml (C(formats) and C(variables)), the rules that
+        C(umprov inventory check) applies too.
+    type: dict
+    default: {}
+  values:
+    description: The host's values of the variables named in I(value_rules), templated.
+    type: dict
+    default: {}
 author: umprov
 """
 
@@ -436,8 +446,39 @@ def check_inputs(module):
             )
         else:
             module.warn(text + ".")
+    bad = value_problems(params["value_rules"], params["values"])
+    if bad:
+        problems.append("Bad value(s): %s." % "; ".join(bad))
     if problems:
         module.fail_json(msg=" ".join(problems))
+
+
+def _format_allows(fmt, value):
+    """One format of value_rules.yml (pattern, min, max) against a value, as text."""
+    text = str(value).strip()
+    if fmt.get("pattern") is not None and not re.fullmatch(fmt["pattern"], text):
+        return False
+    if fmt.get("min") is None and fmt.get("max") is None:
+        return True
+    try:
+        number = float(text)
+    except (ValueError, OverflowError):
+        return False
+    if number != number or number in (float("inf"), float("-inf")):
+        return False
+    return not ((fmt.get("min") is not None and number < fmt["min"])
+                or (fmt.get("max") is not None and number > fmt["max"]))
+
+
+def value_problems(rules, values):
+    """'NAME is VALUE, expected ...' for each value its format refuses."""
+    formats = rules.get("formats") or {}
+    found = []
+    for name in sorted(values):
+        fmt = formats.get((rules.get("variables") or {}).get(name))
+        if fmt is not None and not _format_allows(fmt, values[name]):
+            found.append("%s is %r, expected %s" % (name, str(values[name])[:40], fmt["expected"]))
+    return found
 
 
 def main():
@@ -452,6 +493,8 @@ def main():
             fail_on_unsupported_os=dict(type="bool", default=True),
             unknown_variables=dict(type="list", elements="str", default=[]),
             fail_on_unknown_variables=dict(type="bool", default=True),
+            value_rules=dict(type="dict", default={}),
+            values=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )

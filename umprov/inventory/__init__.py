@@ -1,0 +1,83 @@
+"""Inventories: found, read by Ansible itself, validated, and turned into Host records.
+
+This is the one place that reads inventories; provision, deploy, verify and status all take
+the Host records made here. Ansible reads them exactly as ``ansible-playbook -i`` does: every
+source (files, folders, plugin configurations such as ``plugin: constructed``, comma lists),
+group_vars/host_vars, precedence, vault-encrypted files and values, and templated variables.
+umprov then checks what Ansible does not: addresses, ports, duplicate endpoints, the names and
+types of umprov's and the roles' variables (argument_specs) and their value rules.
+
+    model.py       Host, Inventory, InventoryRequest
+    sources.py     which sources: a command line's, or ansible.cfg's
+    vault.py       vault passwords, gathered as ansible-playbook gathers them
+    ansible_io.py  Ansible's InventoryManager, VariableManager, Templar; errors naming files
+    specs.py       variable definitions and types (UMPROV_VARIABLES + argument_specs)
+    rules.py       value rules (roles/gpu_preflight/files/value_rules.yml), shared with the play
+    validate.py    one Ansible host -> one checked Host
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from umprov.errors import InventoryError
+from umprov.inventory.model import Host, Inventory, InventoryRequest
+from umprov.inventory.rules import check_format, value_rules
+from umprov.inventory.sources import is_host_list, resolve_source, resolve_sources
+from umprov.inventory.specs import (
+    UMPROV_PREFIX,
+    UMPROV_VARIABLES,
+    VarSpec,
+    flag,
+    umprov_prefixes,
+    variable_specs,
+)
+from umprov.inventory.vault import Vault, resolve_vault
+
+__all__ = [
+    "UMPROV_PREFIX", "UMPROV_VARIABLES", "Host", "Inventory", "InventoryRequest", "VarSpec",
+    "Vault", "check_format", "flag", "is_host_list", "load_inventory", "resolve_source",
+    "resolve_sources", "umprov_prefixes", "value_rules", "variable_specs",
+]
+
+
+def load_inventory(
+    request: InventoryRequest | str | Sequence[str] | None, *, roles_dir: Path | None = None
+) -> Inventory:
+    """Find, read and validate an inventory; raise InventoryError with one line on a fault."""
+    from umprov.inventory.ansible_io import Parsed
+    from umprov.inventory.validate import Checks, check_duplicates, to_host
+
+    request = as_request(request)
+    sources = resolve_sources(request.sources)
+    vault = resolve_vault(request.vault_ids, request.vault_password_files,
+                          request.ask_vault_pass, request.prompt)
+    parsed = Parsed(sources, vault)
+    specs = variable_specs(roles_dir)
+    checks = Checks(specs, umprov_prefixes(specs), value_rules(roles_dir), ", ".join(sources))
+    hosts: list[Host] = []
+    problems: list[str] = []
+    for ans_host in parsed.hosts():
+        all_vars = parsed.host_vars(ans_host)  # a vars file that cannot be read ends it here
+        try:
+            hosts.append(to_host(parsed, ans_host, all_vars, checks))
+        except InventoryError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise InventoryError(
+            problems[0] + (f" (and {len(problems) - 1} more)" if problems[1:] else "")
+        )
+    check_duplicates(hosts, checks.fallback)
+    return Inventory(sources=sources, hosts=tuple(hosts), vault=vault)
+
+
+def as_request(request: InventoryRequest | str | Sequence[str] | None) -> InventoryRequest:
+    """An INVENTORY given as a request, one source, several, or none (ansible.cfg's)."""
+    if isinstance(request, InventoryRequest):
+        return request
+    if request is None or request == "":
+        return InventoryRequest()
+    if isinstance(request, str | Path):
+        return InventoryRequest(sources=(str(request),))
+    return InventoryRequest(sources=tuple(str(s) for s in request))

@@ -1,0 +1,83 @@
+"""What an inventory is to umprov: its hosts, where it came from, how it was asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from umprov.errors import InventoryError
+from umprov.inventory.vault import Vault
+
+
+@dataclass(frozen=True)
+class Host:
+    """One inventory host, as umprov's commands use it."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None
+    groups: tuple[str, ...] = ()
+    known_hosts: str | None = None
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        """The address as known_hosts and ssh write it."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["groups"] = list(self.groups)
+        data["vars"] = dict(self.vars)
+        return data
+
+
+@dataclass(frozen=True)
+class InventoryRequest:
+    """An inventory as a command line asks for it, the way ansible-playbook takes one: sources
+    (-i, repeatable: files, folders, names under inventory/, comma lists such as ``gpu1,gpu2,``;
+    none: ansible.cfg's) and the vault passwords to read it with. ``prompt`` asks for a vault
+    password (``--ask-vault-pass``, ``--vault-id LABEL@prompt``); the CLI gives one that reads
+    the terminal."""
+
+    sources: tuple[str, ...] = ()
+    vault_ids: tuple[str, ...] = ()
+    vault_password_files: tuple[str, ...] = ()
+    ask_vault_pass: bool = False
+    prompt: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The hosts of one or more sources, and the vault passwords they were read with (which
+    ansible-playbook needs again)."""
+
+    sources: tuple[str, ...]
+    hosts: tuple[Host, ...]
+    vault: Vault = field(default_factory=Vault)
+
+    @property
+    def source(self) -> str:
+        """The sources, for messages."""
+        return ", ".join(self.sources)
+
+    def select(self, pattern: str | None) -> tuple[Host, ...]:
+        """Hosts whose name or group matches a comma-separated list of names or globs."""
+        if not pattern:
+            return self.hosts
+        from fnmatch import fnmatchcase
+
+        wanted = [p.strip() for p in pattern.split(",") if p.strip()]
+        picked = tuple(
+            h
+            for h in self.hosts
+            if any(
+                fnmatchcase(h.name, p) or any(fnmatchcase(g, p) for g in h.groups) for p in wanted
+            )
+        )
+        if not picked:
+            raise InventoryError(f"{self.source}: no host matches '{pattern}'")
+        return picked
