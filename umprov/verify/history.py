@@ -194,13 +194,15 @@ def prune(root: Path, retention: Retention, *, now: float | None = None) -> int:
             per_key[path.parent] -= 1
             total -= size
             dropped += 1
-    _tidy(root, now)
+    _tidy(root)
     return dropped
 
 
-def _tidy(root: Path, now: float) -> None:
-    """Leftovers of writers that died (temporary files over an hour old), empty key folders,
-    and names whose history is gone."""
+def _tidy(root: Path) -> None:
+    """Leftovers of writers that died (temporary files over an hour old, by the clock: a
+    writer's file is as new as the clock says, whatever run time it records), empty key
+    folders, and names whose history is gone."""
+    now = time.time()
     for key_dir in root.iterdir():
         if not key_dir.is_dir() or key_dir.name == NAMES:
             continue

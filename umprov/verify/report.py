@@ -314,6 +314,8 @@ def to_prometheus(docs: Sequence[dict], *, now: float | None = None) -> str:
         add("umprov_verify_last_run_timestamp_seconds", _labels(host=host), now)
         for r in doc["records"]:
             base = {"host": host, "target": r["target"], "check": r["check"]}
+            if r.get("size_bytes") is not None:  # a point of a sweep: one series per size
+                base["size_bytes"] = r["size_bytes"]
             add("umprov_verify_check_verdict", _labels(**base, hint=r["hint"] or ""),
                 VERDICT_CODE[r["verdict"]])
             value = _number(r["measured"])
