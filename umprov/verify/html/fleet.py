@@ -122,19 +122,17 @@ def host_table(docs: Sequence[dict]) -> str:
 
 def software_table(docs: Sequence[dict], *, names: int = 8) -> str:
     """Hosts grouped by their software versions: the odd driver shows as a small group."""
-    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    keys = ["driver", "CUDA (driver)", "CUDA runtime", "torch", "NCCL"]
+    groups: dict[tuple[str, ...], list[str]] = {}
     for doc in docs:
         facts = versions(doc)
-        facts.pop("python", None)
-        groups.setdefault(tuple(sorted(facts.items())), []).append(doc["host"])
-    keys = ["driver", "CUDA (driver)", "CUDA runtime", "torch", "NCCL", "GPUs"]
+        groups.setdefault(tuple(facts.get(k, "") for k in keys), []).append(doc["host"])
     cols = [Col(k) for k in keys] + [Col("hosts", True), Col("which")]
     rows = []
     for group, hosts in sorted(groups.items(), key=lambda g: len(g[1])):
-        facts = dict(group)
         which = ", ".join(hosts[:names]) + (f" and {len(hosts) - names} more"
                                              if len(hosts) > names else "")
-        rows.append(("", [facts.get(k, "") for k in keys] + [len(hosts), which]))
+        rows.append(("", [*group, len(hosts), which]))
     return table(cols, rows, cls="software")
 
 
