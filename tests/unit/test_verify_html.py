@@ -129,7 +129,7 @@ def test_timeline_of_the_agent_children_and_of_a_multinode_run(three):
     assert "Child processes" in out
     for child in ("discover", "gpu0", "gpu1", "nccl0"):
         assert f">{child}</text>" in out
-    assert "gpu0:gpu.hbm_copy" in out  # a check of the recorded timeline, as a tooltip
+    assert "<title>gpu.hbm_copy: " in out  # a check of the recorded timeline, as a tooltip
     rec = record("host", "host", "multinode.busbw", "pass", measured=40.0, unit="GB/s")
     multi = host_report("n1", [rec], mode="multi-node", profile="internode", facts={
         "timings": {"container_s": 1.5, "startup_s": 4.0, "rendezvous_s": 0.8,

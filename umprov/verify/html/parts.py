@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -88,14 +89,20 @@ def warn_line(profile_name: str, rec: dict) -> float | None:
     """The line below which a figure fails, where the record's profile is a built-in one and
     one of its metrics matches the record (unit, expected value and pass limit): records carry
     the pass limit and the expected value, not the warn ratio."""
-    profile = BUILTIN_PROFILES.get(profile_name)
     expected, limit = rec.get("expected"), rec.get("limit")
-    if not profile or expected is None or limit is None:
+    if expected is None or limit is None:
         return None
+    return _warn_line(profile_name, rec.get("unit"), expected, limit)
+
+
+@functools.lru_cache(maxsize=1024)
+def _warn_line(profile_name: str, unit: str | None, expected: float, limit: float
+               ) -> float | None:
+    profile = BUILTIN_PROFILES.get(profile_name) or {}
+    ratios = profile.get("ratios", {})
     for metric, value in profile.get("expect", {}).items():
-        ratios = profile.get("ratios", {})
         p, w = ratios.get(metric) or ratios.get("default") or (None, None)
-        if (value == expected and METRICS.get(metric, ("",))[0] == rec.get("unit")
+        if (value == expected and METRICS.get(metric, ("",))[0] == unit
                 and p is not None and abs(expected * p - limit) < 1e-3 and w):
             return round(expected * w, 3)
     return None
