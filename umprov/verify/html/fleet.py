@@ -11,6 +11,7 @@ from umprov.verify.html import svg
 from umprov.verify.html.parts import (
     ORDER,
     Col,
+    devices,
     host_anchor,
     link,
     plotted,
@@ -28,9 +29,7 @@ def verdicts(docs: Sequence[dict]) -> list[str]:
 
 def cards(docs: Sequence[dict], seconds: float | None) -> str:
     counts = Counter(verdicts(docs))
-    gpus = sum(len(((d.get("facts") or {}).get("discover") or {}).get("devices") or [])
-               for d in docs)
-    items = [("hosts", len(docs)), ("GPUs", gpus)]
+    items = [("hosts", len(docs)), ("GPUs", sum(len(devices(d)) for d in docs))]
     items += [(v, counts[v]) for v in ("fail", "unreachable", "warn", "pass") if counts[v]]
     if seconds is not None:
         items.append(("run time, s", f"{seconds:.1f}"))
@@ -111,7 +110,7 @@ def host_table(docs: Sequence[dict]) -> str:
     rows = []
     for i, (doc, verdict) in enumerate(zip(docs, verdicts(docs), strict=True)):
         s = doc["summary"]
-        gpus = len(((doc.get("facts") or {}).get("discover") or {}).get("devices") or [])
+        gpus = len(devices(doc))
         rows.append((f"v-{verdict}", [link(host_anchor(i), doc["host"]), verdict.upper(),
                                       s["fail"], s["warn"], s["pass"], s["skip"], gpus,
                                       doc["profile"], doc["mode"], doc["wall_s"],

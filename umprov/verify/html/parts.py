@@ -121,19 +121,25 @@ def ref_lines(profile_name: str, rec: dict) -> list[tuple[float, str, str]]:
     return out
 
 
+def devices(doc: dict) -> list[dict]:
+    """The GPUs the agent's discover child saw (none for a host the agent did not run on)."""
+    found = (((doc.get("facts") or {}).get("discover") or {}).get("devices")) or []
+    return [d for d in found if isinstance(d, dict)]
+
+
 def versions(doc: dict) -> dict[str, str]:
     """The software facts of a host: driver, CUDA, torch, NCCL (what the agent reported)."""
     facts = doc.get("facts") or {}
     disc = facts.get("discover") or {}
     nvml = disc.get("nvml") or {}
-    devices = disc.get("devices") or []
-    models = sorted({str(d.get("name")) for d in devices if isinstance(d, dict)})
+    gpus = devices(doc)
+    models = sorted({str(d.get("name")) for d in gpus})
     out = {
         "driver": nvml.get("driver"), "CUDA (driver)": nvml.get("cuda_driver"),
         "CUDA runtime": disc.get("cuda_runtime"), "torch": disc.get("torch"),
         "torch CUDA build": disc.get("torch_cuda_build"), "NCCL": disc.get("nccl"),
         "python": disc.get("python"),
-        "GPUs": f"{len(devices)} x {', '.join(models)}" if devices else None,
+        "GPUs": f"{len(gpus)} x {', '.join(models)}" if gpus else None,
         "image": facts.get("image"), "backend": facts.get("backend"),
     }
     return {k: str(v) for k, v in out.items() if v not in (None, "")}
