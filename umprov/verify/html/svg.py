@@ -178,7 +178,8 @@ class Series:
 
 def lines(title: str, series: Sequence[Series], *, x_unit: str, y_unit: str,
           log_x: bool = False, x_label: Callable[[float], str] = num,
-          refs: Sequence[tuple[float, str, str]] = (), height: int = 220) -> str:
+          refs: Sequence[tuple[float, str, str]] = (), height: int = 220,
+          x_ticks: Sequence[float] | None = None) -> str:
     """A line chart; ``refs`` are horizontal lines (value, class, name)."""
     xs = [x for s in series for x, _y in s.points]
     ys = [y for s in series for _x, y in s.points] + [v for v, _c, _n in refs]
@@ -189,7 +190,8 @@ def lines(title: str, series: Sequence[Series], *, x_unit: str, y_unit: str,
     x_lo, x_hi = (min(xs), max(xs)) if log_x else padded(xs, 0.02)
     sx = Scale(x_lo, x_hi, 60, WIDTH - 20, log=log_x)
     sy = Scale(*padded(ys), height - 40, top)
-    x_ticks = sorted(set(xs)) if log_x and len(set(xs)) <= 12 else ticks(x_lo, x_hi)
+    if x_ticks is None:
+        x_ticks = sorted(set(xs)) if log_x and len(set(xs)) <= 12 else ticks(x_lo, x_hi)
     body = y_axis(sy, 60, [(t, num(t)) for t in ticks(sy.lo, sy.hi)])
     body += x_axis(sx, height - 40, [(t, x_label(t)) for t in x_ticks])
     body.append(text(WIDTH - 20, height - 8, x_unit, "tick", "end"))

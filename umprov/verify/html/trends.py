@@ -26,7 +26,10 @@ def section(trends: Sequence[HostTrend]) -> str:
     rule = (f"A figure is flagged when its latest value is {REGRESSION.drop:.0%} worse than "
             f"the median of up to {REGRESSION.window} earlier runs of the same host (at least "
             f"{REGRESSION.min_runs}); lower is worse for bandwidth and rates, higher for "
-            "latency. Flags are the host's own history, whatever the profile says.")
+            "latency; figures that scatter need more ("
+            + ", ".join(f"{c} {d:.0%}" for c, d in REGRESSION.noisy.items())
+            + "). Flags are the host's own history, whatever the profile says. Red lines: "
+            "regressed; dashed: their median.")
     return f'<p class="note">{escape(rule)}</p>' + "".join(_host(t) for t in trends)
 
 
@@ -68,9 +71,11 @@ def _by_check(figures: Sequence[FigureTrend]) -> dict[str, list[FigureTrend]]:
 
 def _chart(check: str, figs: list[FigureTrend]) -> str:
     figs = sorted(figs, key=lambda f: f.target)
-    series = [svg.Series(f.target + (" (regressed)" if f.regressed else ""), f.points,
-                         "regressed" if f.regressed else "") for f in figs]
+    series = [svg.Series(f.target, f.points, "regressed" if f.regressed else "")
+              for f in figs]  # red: regressed
     refs = [(f.median, "median-line", f"{f.target} median of earlier runs")
             for f in figs if f.median is not None and (f.regressed or len(figs) == 1)]
+    runs = sorted({t for f in figs for t, _v in f.points})
+    shown = runs[:: max(1, -(-len(runs) // 5))]  # at most five dates under the axis
     return svg.lines(check, series, x_unit="UTC", y_unit=figs[0].unit or "", x_label=day,
-                     refs=refs, height=180)
+                     refs=refs, height=180, x_ticks=shown)
