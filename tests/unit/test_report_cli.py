@@ -140,4 +140,4 @@ def test_verify_writes_the_page_and_keeps_the_run(umprov_cli, tmp_path, monkeypa
     assert result.exit_code == ExitCode.VERIFY_FAIL
     assert "no NVIDIA GPU visible" in out.read_text() and f"HTML report: {out}" in result.stderr
     (entry,) = history.load(root=tmp_path / "state" / "verify-history")
-    assert entry.doc["records"][0]["check"] == "host.gpu_visible"
+    assert entry.doc()["records"][0]["check"] == "host.gpu_visible"

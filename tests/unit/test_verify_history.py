@@ -49,12 +49,16 @@ def test_each_run_is_one_private_file_per_host(root):
     for path in paths:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        entry = json.loads(gzip.decompress(path.read_bytes()))
-        assert entry["schema"] == "umprov.verify.history" and entry["saved"] == NOW
+        head, doc = gzip.decompress(path.read_bytes()).decode().splitlines()
+        assert json.loads(head)["schema"] == "umprov.verify.history"
+        assert json.loads(head)["saved"] == NOW and json.loads(doc) in docs
     assert not [p for p in root.rglob(".*")]  # no temporary file left
-    entries = history.load(root=root, now=NOW)
-    assert {e.host for e in entries} == {"h200-a", "build-01"}
-    assert entries[0].doc["records"] == docs[0]["records"] or entries[1].doc == docs[0]
+    entries = {e.host: e for e in history.load(root=root, now=NOW)}
+    assert set(entries) == {"h200-a", "build-01"}
+    assert entries["h200-a"].doc() == docs[0] and entries["build-01"].doc() == docs[1]
+    assert ["gpu0", "gpu.hbm_copy", "GB/s"] in [f[:3] for f in entries["h200-a"].figures]
+    assert entries["build-01"].figures == [["host", "host.gpu_visible", "GPUs", 0],
+                                           ["host", "host.gpu_count", "GPUs", 0]]
 
 
 def test_runs_beyond_the_count_go_oldest_first(root):
@@ -75,9 +79,10 @@ def test_runs_older_than_the_age_limit_go(root):
     assert [e.saved for e in history.load(root=root, now=NOW)] == [NOW - 20 * DAY, NOW]
 
 
-def test_the_total_size_is_bounded_oldest_first(root):
+def test_the_total_size_is_bounded_oldest_first(root, tmp_path):
     doc = fleet_docs.gpu_host("big", gpus=8)
-    one = len(gzip.compress(json.dumps(doc).encode()))
+    (sample,) = history.save([doc], root=tmp_path / "sample", now=NOW, retention=ROOMY)
+    one = sample.stat().st_size
     keep = Retention(max_age_days=3650, max_bytes=int(one * 4.5), max_runs_per_host=100)
     for k in range(8):
         history.save([doc], root=root, now=NOW + k, retention=keep)
@@ -219,7 +224,12 @@ def test_the_median_is_of_the_last_runs_only():
     assert f.median == 100.0 and f.regressed  # the old, slow runs are out of the window
 
 
-def test_load_skips_damaged_files(root):
-    plant(root, 2)
+def test_load_skips_damaged_files_and_the_page_takes_the_latest_runs(root):
+    plant(root, 3)
+    history.save([fleet_docs.no_gpu_host()], root=root, now=NOW, retention=ROOMY)
     (stored(root)[0]).write_bytes(b"not gzip")
-    assert len(history.load(root=root, now=time.time())) == 1
+    entries = history.load(root=root, now=time.time())
+    assert len(entries) == 3
+    latest = history.latest_docs(entries)
+    assert [d["host"] for d in latest] == ["h200-a", "build-01"]
+    assert latest[0] == fleet_docs.gpu_host("h200-a", gpus=2, seed=2)

@@ -99,8 +99,7 @@ def show_history(inventory: str | None, since: float | None, html_path: Path | N
     if html_path:
         from umprov.verify import html
 
-        latest = {e.key: e.doc for e in entries}  # oldest first: the last one stays
-        html.write(html_path, list(latest.values()), trends=trends,
+        html.write(html_path, history.latest_docs(entries), trends=trends,
                    title=f"umprov report: {len(trends)} host(s)")
         say(f"HTML report: {html_path}")
     print_trends(trends, hosts)

@@ -2,9 +2,10 @@
 
 Every ``umprov verify`` run saves one file per host (``save``)::
 
-    STATE/verify-history/<key>/<saved ns>-<pid>-<token>.json.gz
+    STATE/verify-history/<key>/<saved ns>-<pid>-<token>.json.gz, two JSON lines:
         {"schema": "umprov.verify.history", "key", "host", "gpus": [UUID...], "saved": epoch,
-         "doc": the host document}
+         "figures": [[target, check, unit, value]...]}      what trends read (a small part)
+        the host document                                   what a page of the run shows
     STATE/verify-history/names/<quoted host name>      the key last seen under that name
 
 The key is what stays when an inventory renames a host: "gpus-" and a digest of the sorted GPU
@@ -135,15 +136,27 @@ def save(docs: Iterable[dict], *, root: Path | None = None, now: float | None = 
     for doc in docs:
         key = machine_key(doc, root)
         name = f"{int(now * 1e9):019d}-{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}"
-        entry = {"schema": SCHEMA, "key": key, "host": doc.get("host"), "gpus": gpu_uuids(doc),
-                 "saved": now, "doc": doc}
-        data = gzip.compress(json.dumps(entry, default=str).encode(), compresslevel=6, mtime=0)
+        head = {"schema": SCHEMA, "key": key, "host": doc.get("host"), "gpus": gpu_uuids(doc),
+                "saved": now, "figures": figures_of(doc)}
+        text = json.dumps(head, default=str) + "\n" + json.dumps(doc, default=str) + "\n"
+        data = gzip.compress(text.encode(), compresslevel=6, mtime=0)
         path = root / key / name
         _write(path, data)
         _write(_name_file(root, str(doc.get("host"))), key.encode())
         written.append(path)
     prune(root, retention or Retention.from_env(), now=now)
     return written
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def figures_of(doc: dict) -> list[list]:
+    """[target, check, unit, value] of every record measured as a number (skips left out)."""
+    return [[r.get("target"), r.get("check"), r.get("unit"), r["measured"]]
+            for r in doc.get("records", []) if r.get("verdict") != "skip"
+            and _numeric(r.get("measured"))]
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -233,7 +246,18 @@ class Entry:
     key: str
     host: str
     saved: float
-    doc: dict
+    figures: list[list]
+    path: Path
+
+    def doc(self) -> dict | None:
+        """The host document of this run (read on demand: trends need only the figures)."""
+        try:
+            with gzip.open(self.path, "rt") as fh:
+                fh.readline()
+                doc = json.loads(fh.readline())
+        except (OSError, EOFError, ValueError):  # pruned meanwhile, or damaged
+            return None
+        return doc if isinstance(doc, dict) else None
 
 
 def load(*, root: Path | None = None, since: float | None = None,
@@ -249,15 +273,20 @@ def load(*, root: Path | None = None, since: float | None = None,
         if ns < after or (keys is not None and path.parent.name not in keys):
             continue
         try:
-            entry = json.loads(gzip.decompress(path.read_bytes()))
-        except FileNotFoundError:
-            continue
+            with gzip.open(path, "rt") as fh:  # the first line only: the rest is the document
+                head = json.loads(fh.readline())
         except (OSError, EOFError, ValueError):
-            continue  # not ours or damaged: history is best effort, the run files are not
-        if isinstance(entry, dict) and entry.get("schema") == SCHEMA:
-            out.append(Entry(str(entry["key"]), str(entry.get("host")), float(entry["saved"]),
-                             entry["doc"]))
+            continue  # pruned meanwhile, not ours or damaged: history is best effort
+        if isinstance(head, dict) and head.get("schema") == SCHEMA:
+            out.append(Entry(str(head["key"]), str(head.get("host")), float(head["saved"]),
+                             list(head.get("figures") or []), path))
     return out
+
+
+def latest_docs(entries: Sequence[Entry]) -> list[dict]:
+    """Each key's most recent host document (entries oldest first, as load gives them)."""
+    last = {e.key: e for e in entries}
+    return [doc for e in last.values() if (doc := e.doc()) is not None]
 
 
 def parse_age(text: str) -> float:
@@ -304,10 +333,6 @@ class HostTrend:
         return [f for f in self.figures if f.regressed]
 
 
-def _numeric(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def trends(entries: Sequence[Entry], rule: Regression = REGRESSION) -> list[HostTrend]:
     """Per host (key), each figure's values over time, judged against the host's own past."""
     by_key: dict[str, list[Entry]] = {}
@@ -319,12 +344,9 @@ def trends(entries: Sequence[Entry], rule: Regression = REGRESSION) -> list[Host
         names.append(names.pop(names.index(runs[-1].host)))
         figures: dict[tuple[str, str], FigureTrend] = {}
         for entry in runs:
-            for r in entry.doc.get("records", []):
-                if r.get("verdict") == "skip" or not _numeric(r.get("measured")):
-                    continue
-                fig = figures.setdefault((r["target"], r["check"]),
-                                         FigureTrend(r["target"], r["check"], r.get("unit")))
-                fig.points.append((entry.saved, float(r["measured"])))
+            for target, check, unit, value in entry.figures:
+                fig = figures.setdefault((target, check), FigureTrend(target, check, unit))
+                fig.points.append((entry.saved, float(value)))
         for fig in figures.values():
             judge(fig, rule)
         out.append(HostTrend(key, names, [e.saved for e in runs], sorted(
