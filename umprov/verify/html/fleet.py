@@ -60,7 +60,7 @@ def needs_action(docs: Sequence[dict]) -> str:
     items = []
     for (i, target), found in sorted(seen.items(), key=lambda kv: (
             ORDER[min((r["verdict"] for r, _w in kv[1]), key=ORDER.get)], kv[0])):
-        worst = min((r["verdict"] for r, _w in found), key=ORDER.get)
+        worst = escape(min((r["verdict"] for r, _w in found), key=ORDER.get))
         hints = ", ".join(dict.fromkeys(r["hint"] for r, _w in found if r["hint"])) or "-"
         checks = ", ".join(dict.fromkeys(what for _r, what in found))
         items.append(

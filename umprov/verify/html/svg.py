@@ -75,7 +75,7 @@ def svg(width: float, height: float, body: Sequence[str], label: str) -> str:
 
 
 def text(x: float, y: float, content: str, cls: str = "", anchor: str = "start") -> str:
-    attr = f' class="{cls}"' if cls else ""
+    attr = f' class="{escape(cls)}"' if cls else ""
     return (f'<text x="{x}" y="{y}" text-anchor="{anchor}"{attr}>{escape(content)}</text>')
 
 
@@ -137,7 +137,7 @@ def strip(title: str, unit: str, dots: Sequence[Dot], lines: Sequence[tuple[floa
 
 
 def _dot(dot: Dot, x: float, y: float, r: float) -> str:
-    return (f'<circle class="dot v-{dot.verdict}" cx="{x}" cy="{y:.1f}" r="{r}">'
+    return (f'<circle class="dot v-{escape(dot.verdict)}" cx="{x}" cy="{y:.1f}" r="{r}">'
             f"<title>{escape(dot.tip)}</title></circle>")
 
 
@@ -154,7 +154,7 @@ def _histogram(dots: Sequence[Dot], scale: Scale, unit: str, width: float = 4) -
         h = max(2.0, 56 * math.sqrt(len(members) / most))
         lo, hi = min(d.value for d in members), max(d.value for d in members)
         names = ", ".join(d.label for d in members[:4]) + (", ..." if len(members) > 4 else "")
-        out.append(f'<rect class="hist v-{members[0].verdict}" x="{key * width}" '
+        out.append(f'<rect class="hist v-{escape(members[0].verdict)}" x="{key * width}" '
                    f'y="{78 - h:.1f}" width="{width - 0.5}" height="{h:.1f}"><title>'
                    f"{len(members)} at {num(lo)}-{num(hi)} {escape(unit)}: {escape(names)}"
                    "</title></rect>")
@@ -245,7 +245,7 @@ def heat_map(title: str, size: int, cells: Sequence[Cell], unit: str) -> str:
         else:
             fill = f"hsl({max(0.0, min(1.0, c.value / best)) ** 3 * 130:.0f} 70% 55%)"
         body.append(
-            f'<g class="pair v-{c.verdict}" data-pair="{escape(c.key)}">'
+            f'<g class="pair v-{escape(c.verdict)}" data-pair="{escape(c.key)}">'
             f'<rect x="{x}" y="{y}" width="{step - 2}" height="{step - 2}" fill="{fill}"/>'
             + (text(x + step / 2 - 1, y + step / 2 + 3, num(c.value), "cell", "middle")
                if c.value is not None else "")
