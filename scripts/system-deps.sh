@@ -16,6 +16,7 @@ have gpgv || need="$need gpgv"
 [ -x /usr/bin/docker-registry ] || need="$need docker-registry"
 python3 -c 'import ensurepip, venv' 2>/dev/null || need="$need python3-venv"
 have make || need="$need make"
+have chromium || need="$need chromium"  # tests/browser: the HTML report in a real browser
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "umprov needs these system packages; install them as root:" >&2

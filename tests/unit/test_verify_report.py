@@ -167,7 +167,7 @@ def test_prometheus_textfile_format():
     assert ('umprov_verify_measured{host="gpu-1",target="gpu0",check="gpu.hbm_copy",'
             'unit="GB/s"} 3500') in lines
     assert 'umprov_verify_checks{host="gpu-1",verdict="fail"} 2' in lines
-    assert "umprov_verify_last_run_timestamp_seconds{host=\"gpu-1\"} 1.7e+09" in lines
+    assert "umprov_verify_last_run_timestamp_seconds{host=\"gpu-1\"} 1700000000" in lines
 
 
 def test_prometheus_escapes_label_values():

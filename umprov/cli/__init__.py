@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "provision": "umprov.cli.provision:provision",
     "deploy": "umprov.cli.deploy:deploy",
     "verify": "umprov.cli.verify:verify",
+    "report": "umprov.cli.report:report",
     "status": "umprov.cli.status:status",
     "trust": "umprov.cli.trust:trust",
     "image": "umprov.cli.image:image",

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
               help="Also write a JUnit XML report.")
 @click.option("--prometheus", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Also write DIR/umprov_verify.prom for node_exporter's textfile collector.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE", help="Also write the report as one self-contained HTML page.")
 @click.option("--profile-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               metavar="F", help="Profile overrides (YAML): expected figures, ratios, limits.")
 @click.option("--profile", "profile_name", metavar="NAME",
@@ -60,6 +62,7 @@ def verify(
     limit: str | None,
     junit: Path | None,
     prometheus: Path | None,
+    html_path: Path | None,
     profile_file: Path | None,
     profile_name: str | None,
     expected_gpus: int | None,
@@ -85,6 +88,7 @@ def verify(
     umprov verify inventory/hosts.yml --quick   every host's deployed container, in parallel
     umprov verify hosts --image nvcr.io/nvidia/pytorch:25.01-py3 --junit verify.xml
     umprov verify hosts --prometheus /var/lib/node_exporter/textfile
+    umprov verify hosts --html verify.html      a page to look at; umprov report: trends
     umprov verify hosts --multi-node            one torchrun job over every host's GPUs
     """
     from umprov.errors import ConfigError
@@ -127,6 +131,11 @@ def verify(
                              expected_gpus=expected_gpus, overrides=overrides, image=image,
                              trust_new=trust_new_hosts)
     elapsed = time.monotonic() - started
+    keep_history(docs)
+    if html_path:
+        from umprov.verify import html
+
+        html.write(html_path, docs, seconds=elapsed)
     if junit:
         report.write_junit(junit, docs)
     if prometheus:
@@ -136,10 +145,22 @@ def verify(
         emit_json(run_doc)
     report.print_report(docs, all_rows=all_rows)
     say_untrusted([report.outcome(d) for d in docs])
-    for target, what in ((junit, "JUnit"), (prometheus, "Prometheus")):
+    for target, what in ((junit, "JUnit"), (prometheus, "Prometheus"), (html_path, "HTML")):
         if target:
             say(f"{what} report: {target}")
     return int(run_doc["exit_code"])
+
+
+def keep_history(docs: list[dict]) -> None:
+    """Every run adds its host reports to the history (umprov report); a history that cannot
+    be written costs a line, never the run's verdict."""
+    from umprov.errors import UmprovError
+    from umprov.verify import history
+
+    try:
+        history.save(docs)
+    except (OSError, UmprovError) as exc:
+        say(f"umprov: the run was not added to the history: {exc}")
 
 
 def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool, timeout: float,

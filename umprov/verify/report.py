@@ -9,6 +9,7 @@ documents. Renderers: a terminal table (stderr), JUnit XML, and a node_exporter 
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 import xml.etree.ElementTree as ET
@@ -100,6 +101,34 @@ def run_exit_code(docs: Sequence[dict]) -> ExitCode:
     if not docs:
         return ExitCode.VERIFY_FAIL
     return outcomes_exit_code([outcome(d) for d in docs], failed=ExitCode.VERIFY_FAIL)
+
+
+def read_run(path: Path) -> list[dict]:
+    """The host documents of a run file (``umprov verify --json``: a run document, or a single
+    host document); one-line errors naming the file: missing (exit 2), not a report (exit 4)."""
+    import json
+
+    from umprov.errors import ConfigError, UmprovError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UmprovError(f"{path}: no such file", exit_code=ExitCode.USAGE) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not JSON: {exc}") from None
+    docs = data.get("hosts") if isinstance(data, dict) and data.get("schema") == RUN_SCHEMA \
+        else [data]
+    if not isinstance(docs, list):
+        raise ConfigError(f"{path}: its 'hosts' is not a list of host reports")
+    for i, doc in enumerate(docs):
+        problems = validate(doc)
+        if problems:
+            where = f"hosts[{i}]: " if len(docs) > 1 or doc is not data else ""
+            raise ConfigError(f"{path}: not a verify report ({RUN_SCHEMA} or "
+                              f"umprov.verify.host): {where}{'; '.join(problems[:2])}")
+    return docs
 
 
 def run_document(docs: Sequence[dict], seconds: float) -> dict:
@@ -240,12 +269,28 @@ def _labels(**kv: Any) -> str:
     return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in kv.items()) + "}"
 
 
-def _number(value: Any) -> float | None:
+def _number(value: Any) -> float | int | None:
     if isinstance(value, bool):
-        return 1.0 if value else 0.0
+        return int(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        return value  # an int stays one: exact however large
     return None
+
+
+def sample_value(value: float | int) -> str:
+    """A sample value written exactly (a timestamp keeps every digit): integers as integers,
+    other floats as the shortest text that reads back as the same float."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
 
 
 def to_prometheus(docs: Sequence[dict], *, now: float | None = None) -> str:
@@ -263,8 +308,8 @@ def to_prometheus(docs: Sequence[dict], *, now: float | None = None) -> str:
         "umprov_verify_last_run_timestamp_seconds": ("When the report was written.", []),
     }
 
-    def add(name: str, labels: str, value: float) -> None:
-        metrics[name][1].append(f"{name}{labels} {value:.6g}")
+    def add(name: str, labels: str, value: float | int) -> None:
+        metrics[name][1].append(f"{name}{labels} {sample_value(value)}")
 
     for doc in docs:
         host = doc["host"]
@@ -277,14 +322,15 @@ def to_prometheus(docs: Sequence[dict], *, now: float | None = None) -> str:
         add("umprov_verify_last_run_timestamp_seconds", _labels(host=host), now)
         for r in doc["records"]:
             base = {"host": host, "target": r["target"], "check": r["check"]}
+            if r.get("size_bytes") is not None:  # a point of a sweep: one series per size
+                base["size_bytes"] = r["size_bytes"]
             add("umprov_verify_check_verdict", _labels(**base, hint=r["hint"] or ""),
                 VERDICT_CODE[r["verdict"]])
             value = _number(r["measured"])
             if value is not None:
                 add("umprov_verify_measured", _labels(**base, unit=r["unit"] or ""), value)
             if r["limit"] is not None:
-                add("umprov_verify_limit", _labels(**base, unit=r["unit"] or ""),
-                    float(r["limit"]))
+                add("umprov_verify_limit", _labels(**base, unit=r["unit"] or ""), r["limit"])
     lines: list[str] = []
     for name, (help_text, samples) in metrics.items():
         if not samples:

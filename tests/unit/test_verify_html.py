@@ -1,0 +1,185 @@
+"""The HTML report: escaped, self-contained, and showing what the host documents hold."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from tests import fleet_docs
+from umprov.verify import html, report
+from umprov.verify.agent.schema import host_report, record
+
+
+@pytest.fixture(scope="module")
+def three() -> list[dict]:
+    return [fleet_docs.healthy_pair(), fleet_docs.failing_gpu_host(), fleet_docs.no_gpu_host()]
+
+
+@pytest.fixture(scope="module")
+def page(three) -> str:
+    return html.render(three, seconds=21.5)
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes, and the text under each <li>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.items: list[str] = []
+        self._li: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "li":
+            self._li = []
+
+    def handle_endtag(self, tag):
+        if tag == "li" and self._li is not None:
+            self.items.append(" ".join("".join(self._li).split()))
+            self._li = None
+
+    def handle_data(self, data):
+        if self._li is not None:
+            self._li.append(data)
+
+
+def parse(text: str) -> Tags:
+    tags = Tags()
+    tags.feed(text)
+    return tags
+
+
+def section(page: str, heading: str) -> str:
+    start = page.index(f"<h2>{heading}")
+    end = page.find("<h2>", start + 4)
+    return page[start:end if end > 0 else None]
+
+
+def test_every_text_from_hosts_and_inventories_is_escaped():
+    evil = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    doc = fleet_docs.gpu_host("gpu-x", gpus=2)
+    doc["host"] = "h&<b>" + evil
+    doc["facts"]["discover"]["torch"] = evil
+    doc["records"][0].update(verdict="fail", hint="reset", detail=evil, measured=evil)
+    doc["records"][0]["check"] = "gpu.<i>odd</i>"
+    doc["samples"] = [{"t": 0, "gpu": evil, "temp_c": 40}, {"t": 1, "gpu": evil, "temp_c": 41}]
+    out = html.render([doc], title=evil)
+    assert "<script>alert" not in out and "<img" not in out and "<i>odd" not in out
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x" in out
+    assert "h&amp;&lt;b&gt;" in out
+    tags = parse(out)
+    assert [t for t, _a in tags.tags if t == "script"] == ["script"]  # only the page's own
+    assert not [a for t, a in tags.tags if t == "img" or "onerror" in a]
+
+
+def test_heat_map_has_one_cell_per_pair(three):
+    doc = three[1]  # 8 GPUs: 28 pairs
+    pairs = sorted(r["target"] for r in doc["records"] if r["scope"] == "pair")
+    out = html.render([doc])
+    cells = sorted(a["data-pair"] for t, a in parse(out).tags if "data-pair" in a)
+    assert len(pairs) == 28 and cells == pairs
+    slow = [a for t, a in parse(out).tags if a.get("data-pair", "").endswith("gpu5")]
+    assert slow and all("v-fail" in a["class"] for a in slow)
+
+
+def test_the_failing_gpu_is_named_in_the_overview(page):
+    items = parse(section(page, "Needs action")).items
+    assert items[0].startswith("FAIL")
+    gpu = [i for i in items if "h200-b gpu5" in i]
+    assert len(gpu) == 1 and "gpu.hbm_copy" in gpu[0] and "hint: reset" in gpu[0]
+    assert "nccl.send_recv with gpu0, gpu1, gpu2, gpu3, gpu4, gpu6, gpu7" in gpu[0]
+    assert any("build-01 host" in i and "host.gpu_visible" in i for i in items)
+    assert not any("h200-a" in i for i in items)  # the healthy host needs nothing
+
+
+def test_failing_checks_come_first_with_their_hint(page):
+    rows = re.findall(r'<tr class="v-(\w+)">', section(page, "Problems"))
+    assert rows and rows == sorted(rows, key=lambda v: v != "fail")
+    assert "gpu.hbm_copy" in section(page, "Problems") and ">reset<" in section(page, "Problems")
+
+
+def test_the_page_fetches_nothing(page):
+    refs = re.findall(r"""(?:src|href|action|xlink:href|poster|data)\s*=\s*["']?\s*([^"'\s>]+)""",
+                      page, flags=re.I)
+    assert refs and all(r.startswith("#") for r in refs), refs
+    assert not re.search(r"https?://", page)
+    assert not re.search(r"url\(|@import", page)
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+
+
+def test_themes_printing_and_sorting_are_inline(page):
+    assert "prefers-color-scheme: dark" in page and "@media print" in page
+    assert "beforeprint" in page and "table.sortable th" in page
+    assert page.count("<table class=\"sortable") >= 4
+
+
+def test_sweep_and_samples_appear_only_where_recorded(three):
+    with_them, without = html.render(three[:1]), html.render(three[1:2])
+    assert "bus bandwidth by message size" in with_them and "MiB" in with_them
+    for field in ("temp_c", "power_w", "sm_clock_mhz"):
+        assert f"burn-in: {field}" in with_them
+    assert "by message size" not in without and "burn-in" not in without
+
+
+def test_timeline_of_the_agent_children_and_of_a_multinode_run(three):
+    out = html.render(three[:1])
+    assert "Child processes" in out
+    for child in ("discover", "gpu0", "gpu1", "nccl0"):
+        assert f">{child}</text>" in out
+    assert "<title>gpu.hbm_copy: " in out  # a check of the recorded timeline, as a tooltip
+    rec = record("host", "host", "multinode.busbw", "pass", measured=40.0, unit="GB/s")
+    multi = host_report("n1", [rec], mode="multi-node", profile="internode", facts={
+        "timings": {"container_s": 1.5, "startup_s": 4.0, "rendezvous_s": 0.8,
+                    "collectives_s": 2.0, "torchrun_s": 7.1}})
+    out = html.render([multi])
+    assert "phases in order" in out and "rendezvous: 0.8 s" in out
+
+
+def test_no_gpu_host_shows_why_and_no_charts(three):
+    out = html.render(three[2:])
+    assert "no NVIDIA GPU visible" in out and "data-pair" not in out
+    assert "Child processes" in out  # its discover child ran
+    assert "2.99.0+cpu" in out  # its facts
+
+
+def test_software_versions_group_hosts(three):
+    odd = fleet_docs.gpu_host("gpu-old", gpus=2, versions={**fleet_docs.VERSIONS,
+                                                           "driver": "570.86.15"})
+    out = section(html.render([*three[:2], odd]), "Software")
+    assert "580.159.04" in out and "570.86.15" in out and "gpu-old" in out
+
+
+def test_warn_and_pass_lines_follow_the_profile(three):
+    out = html.render(three[1:2])
+    strip = out[out.index("<title>gpu.hbm_copy: "):]
+    strip = strip[:strip.index("</svg>")]
+    assert "pass line (h200-sxm): 3630 GB/s" in strip  # 0.85 x 4270
+    assert "warn line (fails below) (h200-sxm): 2989 GB/s" in strip  # 0.7 x 4270
+    assert ">h200-b gpu5</text>" not in strip and ">gpu5</text>" in strip  # one host: no name
+
+
+def test_a_fleet_outlier_stands_out_however_large_the_fleet():
+    docs = fleet_docs.fleet(60, gpus=8)  # 480 GPUs a strip: the passing ones as a histogram
+    out = html.render(docs)
+    strip = out[out.index("<title>gpu.hbm_copy: "):]
+    strip = strip[:strip.index("</svg>")]
+    assert 'class="hist v-pass"' in strip
+    assert strip.count("<circle") == 1 and ">gpu-017 gpu2</text>" in strip
+
+
+def test_write_replaces_the_file_whole(tmp_path, three):
+    path = tmp_path / "out" / "report.html"
+    html.write(path, three)
+    html.write(path, three[:1])
+    assert path.read_text().startswith("<!doctype html>")
+    assert [p.name for p in path.parent.iterdir()] == ["report.html"]
+
+
+def test_an_empty_run_and_every_schema_shape_render():
+    assert "0 host(s)" in html.render([])
+    failed = report.failed_host_report("gone", "agent.connect", "unreachable: no route")
+    out = html.render([failed])
+    assert "UNREACHABLE" in out and "gone" in out
