@@ -19,6 +19,7 @@ from typing import Any
 from umprov.errors import ExitCode
 from umprov.hosts.results import HostOutcome
 from umprov.hosts.results import exit_code as outcomes_exit_code
+from umprov.verify.agent.busbw import size_text
 from umprov.verify.agent.schema import (
     SCHEMA_VERSION,
     VERDICTS,
@@ -126,8 +127,9 @@ def table_rows(docs: Sequence[dict], *, all_rows: bool = True) -> list[list[str]
         for r in doc["records"]:
             if not all_rows and r["verdict"] in ("pass", "skip"):
                 continue
+            check = r["check"] + (f" {size_text(r['size_bytes'])}" if "size_bytes" in r else "")
             rows.append([
-                doc["host"], r["target"], r["check"], _cell(r["measured"], r["unit"]),
+                doc["host"], r["target"], check, _cell(r["measured"], r["unit"]),
                 _cell(r["limit"]), r["verdict"].upper(), r["hint"] or "", _short(r["detail"]),
             ])
     return rows
@@ -269,6 +271,8 @@ def to_prometheus(docs: Sequence[dict], *, now: float | None = None) -> str:
         add("umprov_verify_last_run_timestamp_seconds", _labels(host=host), now)
         for r in doc["records"]:
             base = {"host": host, "target": r["target"], "check": r["check"]}
+            if r.get("size_bytes") is not None:  # a sweep: one series per message size
+                base["size_bytes"] = r["size_bytes"]
             add("umprov_verify_check_verdict", _labels(**base, hint=r["hint"] or ""),
                 VERDICT_CODE[r["verdict"]])
             value = _number(r["measured"])

@@ -11,8 +11,11 @@ from .health import gpu_health
 from .managed import ManagedTests
 from .nvml import Nvml
 from .profiles import select_profile
-from .runner import Emitter, GiB, HostLinkLock, MiB, device_lock, guarded
+from .runner import Emitter, GiB, HostLinkLock, MiB, device_lock, guarded, wait_for_gate
 from .schema import figure, record
+
+HEADROOM = 256 * MiB  # left free beside a check's buffers (cuBLAS workspace, other children)
+MIN_BYTES = 16 * MiB  # smaller buffers time nothing worth judging
 
 
 def _elapsed(torch: Any, fn: Any, iters: int, warmup: int = 1) -> float:
@@ -80,11 +83,23 @@ class GpuChild:
     def guard(self, check: str, fn: Any) -> Any:
         return guarded(self.em, "gpu", self.tgt, check, fn)
 
+    def fits(self, check: str, nbytes: int) -> bool:
+        """Whether ``nbytes`` of buffers leave room on this GPU; else a skip record saying so
+        (another process may hold the memory: gpu.processes names it)."""
+        free = self.torch.cuda.mem_get_info(self.dev)[0]
+        if nbytes >= MIN_BYTES and free >= nbytes + HEADROOM:
+            return True
+        self.rec(check, "skip", detail=f"skipped: needs {max(nbytes, MIN_BYTES) // MiB} MiB "
+                 f"and {HEADROOM // MiB} MiB to spare, {free // MiB} MiB free on this GPU")
+        return False
+
     # -- basic compute
     def smoke(self) -> None:
         torch = self.torch
         t0 = time.perf_counter()
         n = 1 << 24
+        if not self.fits("gpu.smoke_kernel", 4 * 8 * n):
+            return
         x = torch.arange(n, device=self.device, dtype=torch.int64)
         y = (x * 3 + 1) % 1000003
         total = int(y.sum().item())
@@ -135,6 +150,8 @@ class GpuChild:
         torch = self.torch
         size = 4096 if self.quick else 8192
         iters = 30 if self.quick else 50
+        if not self.fits("gpu.gemm_bf16_rate", 4 * 2 * size * size):
+            return
         gen = torch.Generator(device=self.device).manual_seed(7)
         a = torch.randn(size, size, device=self.device, dtype=torch.bfloat16, generator=gen)
         b = torch.randn(size, size, device=self.device, dtype=torch.bfloat16, generator=gen)
@@ -173,6 +190,8 @@ class GpuChild:
         torch = self.torch
         free, _total = torch.cuda.mem_get_info(self.dev)
         n = int(min(2 * GiB, free * 0.04)) // MiB * MiB
+        if not self.fits("gpu.hbm_copy", 2 * n):
+            return
         src = torch.empty(n, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(src)
         dst.copy_(src)
@@ -189,6 +208,8 @@ class GpuChild:
         torch = self.torch
         free, _ = torch.cuda.mem_get_info(self.dev)
         n = int(min(GiB, free * 0.02)) // MiB * MiB
+        if not self.fits("pcie.h2d_pinned", n):
+            return
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         host.fill_(1)
         devbuf = torch.empty(n, dtype=torch.uint8, device=self.device)
@@ -227,11 +248,12 @@ def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
     em.start("gpu.init", f"gpu{dev}")
     import torch
 
-    em.event("mark", what="torch imported")
     if dev >= torch.cuda.device_count():  # started on a guess that was too high
         em.event("absent", device=dev)
         em.done()
         return
+    wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
+    em.event("mark", what="cuda init")
     GpuChild(em, dev, opts).run()
 
 
