@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.pairs import pair_records
 from umprov.verify.agent.precheck import guess_gpu_count, no_gpu_reasons
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
 from umprov.verify.agent.runner import MULTICAST_OFF, child_env
