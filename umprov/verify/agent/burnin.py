@@ -18,6 +18,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
+from .gpu import share_of, skip_reason
 from .profiles import select_profile
 from .runner import GiB, MiB
 from .schema import figure, record
@@ -38,27 +39,32 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * UNITS[u] for n, u in parts)
 
 
+def plan(free: int, cpu: bool, world: int) -> dict[str, int]:
+    """Buffer sizes from the free memory (another process may hold most of it): the GEMM's
+    side, the copy's and the all_reduce's bytes, and what they need in all."""
+    n = 8192 if not cpu else 256
+    copy = max(share_of(free, GiB if not cpu else 4 * MiB, 0.04), MiB)
+    nccl = max(share_of(free, 256 * MiB if not cpu else MiB, 0.02), MiB) if world > 1 else 0
+    return {"n": n, "copy": copy, "nccl": nccl, "total": 3 * n * n * 2 + 2 * copy + nccl}
+
+
 class Load:
     """One rank's buffers: GEMM operands, copy buffers, the all_reduce buffer."""
 
-    def __init__(self, r: Rank) -> None:
+    def __init__(self, r: Rank, sizes: dict[str, int]) -> None:
         torch = self.torch = r.torch
         self.r = r
-        free = torch.cuda.mem_get_info(r.rank)[0] if not r.cpu else 8 * GiB
-        # sized from free memory (another process may hold most of it), agreed for NCCL
-        self.n = 8192 if not r.cpu else 256
+        self.n = sizes["n"]
         dtype = torch.bfloat16 if not r.cpu else torch.float32
         gen = torch.Generator(device=r.device).manual_seed(11 + r.rank)
         self.a = torch.randn(self.n, self.n, device=r.device, dtype=dtype, generator=gen)
         self.b = torch.randn(self.n, self.n, device=r.device, dtype=dtype, generator=gen)
         self.out = torch.empty_like(self.a)
-        copy = int(min(GiB if not r.cpu else 4 * MiB, free * 0.04)) // MiB * MiB
-        self.src = torch.ones(max(copy, MiB), dtype=torch.uint8, device=r.device)
+        self.src = torch.ones(sizes["copy"], dtype=torch.uint8, device=r.device)
         self.dst = torch.empty_like(self.src)
         self.x = None
-        if r.world > 1:
-            elems = int(min(256 * MiB if not r.cpu else MiB, free * 0.02)) // 4
-            elems = r.agree_min(max(elems, 1024))
+        if r.world > 1:  # every rank the same size: the least any rank can spare
+            elems = r.agree_min(sizes["nccl"] // 4)
             self.x = torch.empty(elems, dtype=torch.float32, device=r.device)
         self.streams = ((torch.cuda.Stream(), torch.cuda.Stream()) if not r.cpu
                         else (None, None))
@@ -117,7 +123,14 @@ def burn_in(r: Rank, seconds: float) -> None:
     em = r.em
     tgt = f"gpu{r.rank}"
     em.start("burnin.load", tgt)
-    load = Load(r)
+    free = r.torch.cuda.mem_get_info(r.rank)[0] if not r.cpu else 8 * GiB
+    sizes = plan(free, r.cpu, r.world)
+    why = None if r.cpu else skip_reason(sizes["total"], free)
+    if r.agree_max(int(why is not None)):  # all ranks load, or none (their collectives match)
+        em.record(record("gpu", tgt, "burnin.load", "skip",
+                         detail=why or "skipped: another GPU of the host lacks free memory"))
+        return
+    load = Load(r, sizes)
     load.chunk()  # warm-up (cuBLAS, NCCL channels): not a measure of a chunk's length
     t0 = time.perf_counter()
     load.chunk()

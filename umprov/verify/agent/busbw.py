@@ -44,8 +44,7 @@ def bus_bandwidth(r: Rank) -> None:
                    "no data)")
         return
     free = r.agree_min(torch.cuda.mem_get_info(r.rank)[0] if not r.cpu else 64 * GiB)
-    sizes = sorted(set(sweep) | {s for s, _c in judged})
-    room = [s for s in sizes if 4 * s < free]
+    room = sizes_that_fit(sorted(set(sweep) | {s for s, _c in judged}), free)
     buf = torch.zeros(min(room[-1], CPU_CAP if r.cpu else room[-1]) // 4, dtype=torch.float32,
                       device=r.device) if room else None
     names = {s: c for s, c in judged}
@@ -59,6 +58,12 @@ def bus_bandwidth(r: Rank) -> None:
         _sweep_record(r, size, timed.get(size), free)
     for size, check in judged:
         _judged_record(r, size, check, timed.get(size))
+
+
+def sizes_that_fit(sizes: list[int], free: int) -> list[int]:
+    """The message sizes an all_reduce may use with ``free`` bytes free on the fullest GPU:
+    a quarter of it at most (NCCL's own buffers and the other children need the rest)."""
+    return [s for s in sizes if 4 * s < free]
 
 
 def _busbw(r: Rank, nbytes: int, secs: float) -> float:

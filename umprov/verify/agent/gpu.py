@@ -18,6 +18,20 @@ HEADROOM = 256 * MiB  # left free beside a check's buffers (cuBLAS workspace, ot
 MIN_BYTES = 16 * MiB  # smaller buffers time nothing worth judging
 
 
+def share_of(free: int, cap: int, share: float) -> int:
+    """A buffer of ``share`` of the free memory, at most ``cap``, in whole MiB."""
+    return int(min(cap, free * share)) // MiB * MiB
+
+
+def skip_reason(nbytes: int, free: int) -> str | None:
+    """None when ``nbytes`` of buffers fit in ``free`` bytes with room to spare; else why the
+    check is skipped (never an out-of-memory error)."""
+    if nbytes >= MIN_BYTES and free >= nbytes + HEADROOM:
+        return None
+    return (f"skipped: needs {max(nbytes, MIN_BYTES) // MiB} MiB and {HEADROOM // MiB} MiB "
+            f"to spare, {free // MiB} MiB free on this GPU")
+
+
 def _elapsed(torch: Any, fn: Any, iters: int, warmup: int = 1) -> float:
     """Seconds per call of fn on the current stream, by CUDA events."""
     for _ in range(warmup):
@@ -54,6 +68,7 @@ class GpuChild:
         self.nv = Nvml()
         self.samples: list[dict] = []
         self.figures: dict[str, float] = {}
+        self._mats: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
 
     def rec(self, check: str, verdict: str, **kw: Any) -> None:
         self.em.record(record("gpu", self.tgt, check, verdict, **kw))
@@ -86,12 +101,10 @@ class GpuChild:
     def fits(self, check: str, nbytes: int) -> bool:
         """Whether ``nbytes`` of buffers leave room on this GPU; else a skip record saying so
         (another process may hold the memory: gpu.processes names it)."""
-        free = self.torch.cuda.mem_get_info(self.dev)[0]
-        if nbytes >= MIN_BYTES and free >= nbytes + HEADROOM:
-            return True
-        self.rec(check, "skip", detail=f"skipped: needs {max(nbytes, MIN_BYTES) // MiB} MiB "
-                 f"and {HEADROOM // MiB} MiB to spare, {free // MiB} MiB free on this GPU")
-        return False
+        why = skip_reason(nbytes, self.torch.cuda.mem_get_info(self.dev)[0])
+        if why:
+            self.rec(check, "skip", detail=why)
+        return why is None
 
     # -- basic compute
     def smoke(self) -> None:
@@ -112,12 +125,16 @@ class GpuChild:
                  + ("" if ok else f"; got {total}, expected {expected}"), hint="reset")
 
     def _int_mats(self, m: int, k: int, n: int) -> tuple[Any, Any, Any]:
-        torch = self.torch
-        gen = torch.Generator().manual_seed(1234 + self.dev)
-        a = torch.randint(-3, 4, (m, k), generator=gen).float()
-        b = torch.randint(-3, 4, (k, n), generator=gen).float()
-        # Small integers: every product and partial sum is exact in fp32 (< 2**24).
-        return a, b, a @ b
+        """Integer matrices and their product on the CPU, made once: the fp32 and the bf16
+        checks share them (the CPU product is the slow part)."""
+        if (m, k, n) not in self._mats:
+            torch = self.torch
+            gen = torch.Generator().manual_seed(1234 + self.dev)
+            a = torch.randint(-3, 4, (m, k), generator=gen).float()
+            b = torch.randint(-3, 4, (k, n), generator=gen).float()
+            # Small integers: every product and partial sum is exact in fp32 (< 2**24).
+            self._mats[(m, k, n)] = (a, b, a @ b)
+        return self._mats[(m, k, n)]
 
     def gemm_fp32_exact(self) -> None:
         torch = self.torch
@@ -189,7 +206,7 @@ class GpuChild:
     def hbm_copy(self) -> None:
         torch = self.torch
         free, _total = torch.cuda.mem_get_info(self.dev)
-        n = int(min(2 * GiB, free * 0.04)) // MiB * MiB
+        n = share_of(free, 2 * GiB, 0.04)
         if not self.fits("gpu.hbm_copy", 2 * n):
             return
         src = torch.empty(n, dtype=torch.uint8, device=self.device)
@@ -207,7 +224,7 @@ class GpuChild:
     def pinned_copy(self) -> None:
         torch = self.torch
         free, _ = torch.cuda.mem_get_info(self.dev)
-        n = int(min(GiB, free * 0.02)) // MiB * MiB
+        n = share_of(free, GiB, 0.02)
         if not self.fits("pcie.h2d_pinned", n):
             return
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)

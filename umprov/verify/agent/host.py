@@ -128,6 +128,8 @@ class Agent:
                      target=f"gpu{index}", check="gpu.init")
 
     def _run(self) -> None:
+        self.facts["options"] = {"quick": self.quick, "timeout_s": self.timeout,
+                                 "duration_s": self.duration, "exclusive": self.exclusive}
         with self.phase("agent.precheck"):
             pre = precheck()
         self.facts["precheck"] = pre

@@ -166,13 +166,16 @@ class LibNvml:
     def compute_processes(self, h: Any) -> list[tuple[int, int | None]]:
         """(pid, bytes held or None) of every compute process on the device."""
         size = 16
-        for _ in range(4):  # the list can grow between the two calls
+        name = "nvmlDeviceGetComputeRunningProcesses_v3"
+        for _ in range(5):  # the list can grow between the two calls
             count = ctypes.c_uint(size)
             infos = (ProcessInfo * size)()
             try:
-                self.call("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count),
-                          infos)
+                self.call(name, h, ctypes.byref(count), infos)
             except NvmlError as exc:
+                if exc.code == FUNCTION_NOT_FOUND and name.endswith("_v3"):
+                    name = name[:-1] + "2"  # drivers before 510: the same structure
+                    continue
                 if exc.code != INSUFFICIENT_SIZE:
                     raise
                 size = max(size * 2, count.value + 8)
