@@ -142,6 +142,14 @@ def test_no_nvlink_and_no_counters_are_skips(fake_nvml):
     assert generic[0]["verdict"] == "pass" and "expects no count" in generic[0]["detail"]
 
 
+def test_one_visible_gpu_reports_its_links_without_judging_them(fake_nvml):
+    fake_nvml.gpus[0]["links"] = [False] * 18  # a one-GPU partition of an NVSwitch system
+    snap = nvlink.snapshot(Nvml())
+    (links, _errors) = nvlink.nvlink_records(snap, snap, DEVICES[:1], lambda i: H200, record)
+    assert links["verdict"] == "pass" and links["measured"] == 0
+    assert "one GPU visible" in links["detail"] and links["limit"] is None
+
+
 def test_nvlink_growth_counts_a_reset_counter_from_zero():
     assert nvlink.growth({"replay": 10, "crc_flit": 3}, {"replay": 2, "crc_flit": 3}) == {
         "replay": 2, "crc": 0}

@@ -53,6 +53,9 @@ def nvlink_records(start: dict | None, end: dict | None, devices: list[dict],
             out.append(record("gpu", tgt, "nvlink.links", "skip", detail=why))
             continue
         prof = profile_of(d["index"])
+        if len(devices) < 2:  # no peer to reach: a one-GPU partition's links may be down
+            prof = {**prof, "nvlink_links": None, "name": f"{prof.get('name')} (one GPU "
+                    "visible: a single-GPU partition may keep its links down by design, so)"}
         out.append(_links(tgt, g["links"], (after.get(key) or {}).get("links"), prof, record))
         out.append(_errors(tgt, g.get("errors"), (after.get(key) or {}).get("errors"),
                            prof.get("limits", {}), record))
@@ -70,7 +73,8 @@ def _links(tgt: str, links: list[bool], later: list[bool] | None, prof: dict,
     want = prof.get("nvlink_links")
     if want is None:
         return record("gpu", tgt, "nvlink.links", "pass", measured=active, unit="links",
-                      detail=f"{text}; profile {prof.get('name')} expects no count")
+                      detail=f"{text}; not judged: profile {prof.get('name')} expects no "
+                      "count")
     ok = active >= int(want)
     return record("gpu", tgt, "nvlink.links", "pass" if ok else "fail", measured=active,
                   unit="links", limit=int(want), hint="reseat",
