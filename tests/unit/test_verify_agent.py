@@ -260,6 +260,15 @@ def test_collective_checks_on_cpu_with_gloo(agent, tmp_path, world):
                    and r["scope"] == "host" and r["target"] == "host" for r in sweep)
 
 
+def test_an_odd_number_of_ranks_measures_every_pair_in_rounds(agent, tmp_path):
+    """Three ranks: each round one rank sits out and still keeps step (the same barriers)."""
+    events = run_ranks(agent, tmp_path, 3, quick=True)
+    pairs = pair_records([e for e in events if e["ev"] == "pair"], BUILTIN_PROFILES["generic"],
+                         3)
+    assert [p["target"] for p in pairs] == ["gpu0-gpu1", "gpu0-gpu2", "gpu1-gpu2"]
+    assert all(p["verdict"] == "pass" and "->" in p["detail"] for p in pairs)
+
+
 def test_burn_in_on_cpu_with_gloo_keeps_the_ranks_in_step(agent, tmp_path):
     """Two ranks load, probe and stop together (the same collectives on both); every GEMM probe
     is bit-identical and every all_reduce exact."""

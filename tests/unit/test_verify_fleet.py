@@ -16,7 +16,7 @@ import pytest
 
 from umprov.verify.agent import busbw, gpu, libnvml, nvlink, processes, samples
 from umprov.verify.agent.burnin import parse_duration, plan
-from umprov.verify.agent.monitor import monitor_records
+from umprov.verify.agent.monitor import monitor_records, new_xids
 from umprov.verify.agent.nvml import Nvml
 from umprov.verify.agent.pairs import pair_rounds
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
@@ -229,6 +229,16 @@ def test_a_burn_in_at_the_power_cap_passes_and_other_slowdowns_fail():
     assert recs[("gpu0", "burnin.ecc")]["verdict"] == "pass"
     temp = recs[("gpu1", "burnin.temperature")]
     assert temp["measured"] == 95 and temp["verdict"] == "fail"  # past its slowdown (90 C)
+
+
+def test_xids_found_while_the_burn_in_runs_are_told_once():
+    old = {"xid": 43, "pci": "0000:18:00", "ts": 5.0, "message": "Ch 1"}
+    new = {"xid": 79, "pci": "0000:18:00", "ts": 90.0, "message": "GPU has fallen off the bus."}
+    events = [{"ev": "xids", "phase": "start", "xids": [old]},
+              {"ev": "xids", "phase": "during", "xids": [old]},
+              {"ev": "xids", "phase": "during", "xids": [old, new]},
+              {"ev": "xids", "phase": "during", "xids": [old, new]}]
+    assert new_xids(events) == [new]
 
 
 def test_progress_line_shows_each_gpu():

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from .health import host_health, nvlink_active
-from .monitor import found_xids, monitor_records
+from .monitor import found_xids, monitor_records, new_xids
 from .pairs import pair_records
 from .precheck import guess_gpu_count, no_gpu_reasons, precheck
 from .processes import annotate_throughput
@@ -220,8 +220,13 @@ class Agent:
             if started:
                 probes = {i: e for i, c in enumerate(self.ranks) for e in c.events()
                           if e.get("ev") == "burnin_probe"}
-                per_gpu = by_gpu(mon.events() if mon else [], self.devices)
-                line = progress_line(now - min(started), self.duration, per_gpu, probes)
+                events = mon.events() if mon else []
+                line = progress_line(now - min(started), self.duration,
+                                     by_gpu(events, self.devices), probes)
+                xids = new_xids(events)
+                if xids:
+                    line += "; NEW Xid " + ", ".join(f"{e['xid']} (PCI {e['pci']})"
+                                                    for e in xids[-3:])
                 print(f"umprov verify agent: {line}", file=sys.stderr, flush=True)
 
     def _end_monitor(self) -> None:

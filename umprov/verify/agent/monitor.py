@@ -17,10 +17,12 @@ from . import nvlink, processes
 from .nvml import Nvml
 from .runner import Emitter, open_gate
 from .samples import burnin_records, by_gpu, contract_samples
-from .xid import read_kernel_log, xid_records
+from .xid import read_kernel_log, xid_key, xid_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+XID_EVERY = 30.0  # seconds between reads of the kernel log during a burn-in
 
 
 def child_monitor(em: Emitter, opts: dict) -> None:
@@ -37,7 +39,11 @@ def child_monitor(em: Emitter, opts: dict) -> None:
     log = read_kernel_log()
     em.event("xids", phase="start", **log)
     em.start("monitor.samples", "host")
-    sample_until_stopped(em, nv, float(opts.get("sample_every") or 1.0), opts["stop"])
+    # a burn-in reads the log as it goes too (cheap: a journal read goes on from its cursor)
+    log_every = XID_EVERY if float(opts.get("duration") or 0) else None
+    sample_until_stopped(em, nv, float(opts.get("sample_every") or 1.0), opts["stop"],
+                         lambda: em.event("xids", phase="during", **read_kernel_log(log)),
+                         log_every)
     em.start("monitor.end", "host")
     em.event("processes", phase="end", **processes.snapshot(nv))
     em.event("nvlink", phase="end", **nvlink.snapshot(nv))
@@ -45,19 +51,21 @@ def child_monitor(em: Emitter, opts: dict) -> None:
     em.done()
 
 
-def sample_until_stopped(em: Emitter, nv: Nvml, every: float, stop: str) -> None:
-    """One "sample" event per GPU every ``every`` seconds; the stop file ends it."""
-    if nv.kind == "none":
-        while not os.path.exists(stop):
-            time.sleep(0.05)
-        return
-    due = time.monotonic()
+def sample_until_stopped(em: Emitter, nv: Nvml, every: float, stop: str,
+                         read_log: Callable[[], None], log_every: float | None) -> None:
+    """One "sample" event per GPU every ``every`` seconds, and ``read_log()`` every
+    ``log_every`` seconds (None: never); the stop file ends it."""
+    now = time.monotonic()
+    due, log_due = now, now + (log_every or 0)
     while not os.path.exists(stop):
         now = time.monotonic()
-        if now >= due:
+        if now >= due and nv.kind != "none":
             due = max(due + every, now)
             for s in nv.sample_all():
                 em.event("sample", **s)
+        if log_every and now >= log_due:
+            log_due = now + log_every
+            read_log()
         time.sleep(0.05)
 
 
@@ -92,3 +100,14 @@ def found_xids(events: list[dict], record: Callable[..., dict]) -> list[dict]:
     if not start.get("xids"):
         return []
     return xid_records(start, _first(events, "xids", "end"), [], record)
+
+
+def new_xids(events: list[dict]) -> list[dict]:
+    """Xids the burn-in's reads of the log found since the first read, for the progress line."""
+    start = _first(events, "xids", "start") or {}
+    seen = {xid_key(e) for e in start.get("xids", [])}
+    out: dict[tuple, dict] = {}
+    for ev in events:
+        if ev.get("ev") == "xids" and ev.get("phase") == "during":
+            out.update({xid_key(e): e for e in ev.get("xids", []) if xid_key(e) not in seen})
+    return list(out.values())

@@ -28,40 +28,49 @@ def pair_rounds(world: int) -> list[list[tuple[int, int]]]:
 
 
 def send_recv_pairs(r: Rank) -> None:
-    """send/recv between every pair, both directions at once, the pairs of a round side by
-    side (disjoint GPUs): time grows with the GPU count, not with its square. The receiver
-    reports each direction; the parent pairs them up."""
-    torch, dist, rank = r.torch, r.dist, r.rank
+    """send/recv between every pair, one direction at a time as before, but the pairs of a
+    round side by side (disjoint GPUs): 2(n-1) timed steps where there were n(n-1), so the time
+    grows with the GPU count, not its square. The receiver reports each direction; the parent
+    pairs them up."""
+    torch, rank = r.torch, r.rank
     pair_bytes = (16 if r.quick else 256) * MiB
-    iters = 3 if r.quick else 5
     k = pair_bytes // 4
     buf = torch.empty(k, dtype=torch.int32, device=r.device)
     base = torch.arange(k, dtype=torch.int32, device=r.device)
     for pairs in pair_rounds(r.world):
-        mine = [p for p in pairs if rank in p]
-        peer = (mine[0][1] if mine[0][0] == rank else mine[0][0]) if mine else None
-        r.em.start("nccl.send_recv", f"gpu{mine[0][0]}-gpu{mine[0][1]}" if mine else "host")
-        pattern = base ^ (rank * 1000 + (peer or 0))
+        mine = next((p for p in pairs if rank in p), None)
+        target = f"gpu{mine[0]}-gpu{mine[1]}" if mine else "host"
+        directions = [mine, mine[::-1]] if mine else [(None, None)] * 2
+        for src, dst in directions:  # every rank takes both steps: barriers match
+            r.em.start("nccl.send_recv", target)
+            _one_way(r, src, dst, base, buf, pair_bytes)
 
-        def exchange(peer: int | None = peer, pattern: Any = pattern) -> None:
-            if peer is None:
-                return
-            ops = [dist.P2POp(dist.isend, pattern, peer), dist.P2POp(dist.irecv, buf, peer)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
 
-        exchange()  # warm-up: connects the pair
-        r.sync()
-        dist.barrier()
-        t1 = time.perf_counter()
-        for _ in range(iters):
-            exchange()
-        r.sync()
-        secs = time.perf_counter() - t1
-        if peer is not None:
-            wrong = int((buf != (base ^ (peer * 1000 + rank))).sum())
-            r.em.event("pair", src=peer, dst=rank, gbps=pair_bytes * iters / secs / 1e9,
-                       wrong=wrong, bytes=pair_bytes, quick=r.quick)
+def _one_way(r: Rank, src: int | None, dst: int | None, base: Any, buf: Any,
+             pair_bytes: int) -> None:
+    """src sends to dst (this rank may be either, or neither: it then only keeps step)."""
+    dist, rank = r.dist, r.rank
+    iters = 3 if r.quick else 5
+    pattern = base ^ ((src or 0) * 1000 + (dst or 0))
+
+    def move() -> None:
+        if rank == src:
+            dist.send(pattern, dst)
+        elif rank == dst:
+            dist.recv(buf, src)
+
+    move()  # warm-up: connects the pair
+    r.sync()
+    dist.barrier()
+    t1 = time.perf_counter()
+    for _ in range(iters):
+        move()
+    r.sync()
+    secs = time.perf_counter() - t1
+    if rank == dst:
+        wrong = int((buf != pattern).sum())
+        r.em.event("pair", src=src, dst=dst, gbps=pair_bytes * iters / secs / 1e9,
+                   wrong=wrong, bytes=pair_bytes, quick=r.quick)
 
 
 def pair_records(events: list[dict], profile: dict, world: int) -> list[dict]:

@@ -226,8 +226,8 @@ def xid_records(start: dict, end: dict | None, devices: list[dict],
         return [record("host", "host", "host.xid", "skip",
                        detail="kernel log not readable, Xid errors not checked: "
                        + "; ".join(start.get("unreadable") or ["no source"]))]
-    seen = {_key(e) for e in start["xids"]}
-    later = [e for e in (end or {}).get("xids", []) if _key(e) not in seen]
+    seen = {xid_key(e) for e in start["xids"]}
+    later = [e for e in (end or {}).get("xids", []) if xid_key(e) not in seen]
     events = [(e, False) for e in start["xids"]] + [(e, True) for e in later]
     since = (f"{start['source']}, {start['messages']} kernel messages"
              + (f" from {start['oldest_s']:.0f} s after boot" if start.get("oldest_s") else ""))
@@ -244,7 +244,8 @@ def xid_records(start: dict, end: dict | None, devices: list[dict],
             for (target, code), evs in sorted(groups.items())]
 
 
-def _key(e: dict) -> tuple:
+def xid_key(e: dict) -> tuple:
+    """What tells one Xid line from another across reads of the log."""
     return e["xid"], e["pci"], e["ts"], e["message"]
 
 
