@@ -76,6 +76,14 @@ def test_another_process_warns_naming_pid_name_and_memory(fake_nvml):
     assert recs[("gpu1", "gpu.processes")]["verdict"] == "pass"
 
 
+def test_the_agents_own_processes_are_not_others(fake_nvml):
+    fake_nvml.gpus[0]["processes"] = [[4_100_000, GiB]]  # a child of this run, seen by PID
+    snap = processes.snapshot(Nvml())
+    recs = _by(processes.process_records(snap, None, DEVICES, True, record,
+                                         ours=frozenset({4_100_000})))
+    assert recs[("gpu0", "gpu.processes")]["verdict"] == "pass"
+
+
 def test_exclusive_makes_it_a_failure_and_a_long_list_is_read_whole(fake_nvml):
     fake_nvml.gpus[1]["processes"] = [[4_000_000 + i, GiB] for i in range(20)]  # > 16 at once
     snap = processes.snapshot(Nvml())

@@ -54,6 +54,7 @@ class Agent:
         self.devices: list[dict] = []
         self.ranks: list[Child] = []
         self.monitor: Child | None = None
+        self.pids: set[int] = {os.getpid()}  # this run's processes (left out of gpu.processes)
         self.next_progress = 0.0
         overrides: dict = {}
         if args.profile_file:
@@ -119,6 +120,7 @@ class Agent:
         return facts
 
     def _note(self, child: Child, gpu: int | None = None) -> None:
+        self.pids.add(child.proc.pid)
         self.children_wall[child.name] = child.wall()
         self.timings += child.timings(self.origin, gpu)
 
@@ -179,12 +181,15 @@ class Agent:
              threads: int, gate: str) -> list[Child]:
         """One per-GPU child per device and ``world`` ranks, whatever the guess was."""
         for i in range(world, guess):
-            gpu_children.pop(i).kill()  # a guess too high: those children are not results
+            extra = gpu_children.pop(i)  # a guess too high: those children are not results
+            extra.kill()
+            self.pids.add(extra.proc.pid)
         for i in range(guess, world):
             gpu_children[i] = self._gpu_child(i, threads)
         if len(ranks) != world:
             for c in ranks:
                 c.kill()
+                self.pids.add(c.proc.pid)
             ranks = self.start_nccl(world, threads, gate)
         return ranks
 
@@ -259,7 +264,8 @@ class Agent:
         recs, self.samples, foreign = monitor_records(
             self.monitor.events() if self.monitor else [], self.devices,
             exclusive=self.exclusive, infos={i: infos.get(i, {}) for i in names},
-            profile_of=profile_of, window=window, origin=self.origin, record=record)
+            profile_of=profile_of, window=window, origin=self.origin, record=record,
+            ours=frozenset(self.pids))
         self.records += recs
         annotate_throughput(self.records, foreign)
 

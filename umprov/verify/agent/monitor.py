@@ -77,12 +77,13 @@ def _first(events: list[dict], ev: str, phase: str) -> dict | None:
 def monitor_records(events: list[dict], devices: list[dict], *, exclusive: bool,
                     infos: dict[int, dict], profile_of: Callable[[int], dict],
                     window: tuple[float, float] | None, origin: float,
-                    record: Callable[..., dict]) -> tuple[list[dict], list[dict], Any]:
+                    record: Callable[..., dict], ours: frozenset[int] = frozenset(),
+                    ) -> tuple[list[dict], list[dict], Any]:
     """(records, the report's samples, other processes by GPU) from the monitor's events:
     gpu.processes, nvlink.*, xid.* / host.xid and, after a burn-in, burnin.throttle, .ecc and
-    .temperature."""
+    .temperature. ``ours``: the agent's own PIDs."""
     procs = (_first(events, "processes", "start"), _first(events, "processes", "end"))
-    recs = processes.process_records(*procs, devices, exclusive, record)
+    recs = processes.process_records(*procs, devices, exclusive, record, ours)
     recs += nvlink.nvlink_records(_first(events, "nvlink", "start"),
                                   _first(events, "nvlink", "end"), devices, profile_of, record)
     recs += xid_records(_first(events, "xids", "start") or {"unreadable": [
@@ -90,7 +91,8 @@ def monitor_records(events: list[dict], devices: list[dict], *, exclusive: bool,
     per_gpu = by_gpu(events, devices)
     if window is not None:
         recs += burnin_records(per_gpu, window, infos, profile_of, record)
-    return recs, contract_samples(per_gpu, origin), processes.foreign_by_gpu(*procs, devices)
+    return recs, contract_samples(per_gpu, origin), processes.foreign_by_gpu(*procs, devices,
+                                                                             ours)
 
 
 def found_xids(events: list[dict], record: Callable[..., dict]) -> list[dict]:

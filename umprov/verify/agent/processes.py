@@ -30,9 +30,10 @@ def describe(p: dict) -> str:
     return f"pid {p['pid']} ({name}{mem})"
 
 
-def foreign_by_gpu(start: dict | None, end: dict | None,
-                   devices: list[dict]) -> dict[str, list[dict]] | None:
-    """{"gpuN": [process, ...]} of the GPUs torch sees; None when no list could be read."""
+def foreign_by_gpu(start: dict | None, end: dict | None, devices: list[dict],
+                   ours: frozenset[int] = frozenset()) -> dict[str, list[dict]] | None:
+    """{"gpuN": [process, ...]} of the GPUs torch sees; None when no list could be read.
+    ``ours``: the agent's own PIDs, left out where NVML's PIDs are this namespace's."""
     gpu_of = {pci_key(d.get("pci_bus_id")): d["index"] for d in devices}
     found: dict[str, dict[int, dict]] = {}
     readable = False
@@ -44,16 +45,18 @@ def foreign_by_gpu(start: dict | None, end: dict | None,
             readable = True
             procs = found.setdefault(f"gpu{idx}", {})
             for p in g["processes"]:
-                procs.setdefault(int(p["pid"]), p)
+                if int(p["pid"]) not in ours:
+                    procs.setdefault(int(p["pid"]), p)
     if not readable:
         return None
     return {tgt: list(procs.values()) for tgt, procs in found.items()}
 
 
 def process_records(start: dict | None, end: dict | None, devices: list[dict],
-                    exclusive: bool, record: Callable[..., dict]) -> list[dict]:
+                    exclusive: bool, record: Callable[..., dict],
+                    ours: frozenset[int] = frozenset()) -> list[dict]:
     """gpu.processes per GPU: pass (none), warn, or fail under --exclusive."""
-    found = foreign_by_gpu(start, end, devices)
+    found = foreign_by_gpu(start, end, devices, ours)
     if found is None:
         why = (start or {}).get("error") or "the driver lists no processes"
         return [record("host", "host", "gpu.processes", "skip",
