@@ -217,6 +217,8 @@ def test_sweep_points_are_distinct_series_and_rows():
     checks = [r[2] for r in report.table_rows([sweep_doc()])]
     assert checks == ["nccl.allreduce_sweep 8 KiB", "nccl.allreduce_sweep 1 GiB",
                       "nccl.allreduce_sweep 4 GiB"]
+    cases = ET.fromstring(report.to_junit([sweep_doc()])).iter("testcase")  # noqa: S314
+    assert [c.get("name") for c in cases] == checks
 
 
 def test_samples_and_timings_ride_along_in_version_1():

@@ -51,7 +51,7 @@ def _one_way(r: Rank, src: int | None, dst: int | None, base: Any, buf: Any,
     """src sends to dst (this rank may be either, or neither: it then only keeps step)."""
     dist, rank = r.dist, r.rank
     iters = 3 if r.quick else 5
-    pattern = base ^ ((src or 0) * 1000 + (dst or 0))
+    pattern = base ^ (src * 1000 + dst) if rank in (src, dst) else None
 
     def move() -> None:
         if rank == src:
