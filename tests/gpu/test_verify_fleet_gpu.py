@@ -7,6 +7,7 @@ Each test runs the agent's zipapp as users do; the other process is a script of 
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,13 +25,18 @@ THROUGHPUT_UNITS = ("GB/s", "TFLOP/s", "x")
 pytestmark = pytest.mark.gpu
 
 
-def start_hog(*args: str) -> subprocess.Popen:
+def start_hog(*args: str, within: float = 180) -> subprocess.Popen:
+    """The other process, once it holds GPU 0 (it prints "ready"); killed if it does not."""
     proc = subprocess.Popen([sys.executable, str(HOG), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""  # blocks until it holds the GPU
+    assert proc.stdout is not None and proc.stderr is not None
+    ready, _w, _x = select.select([proc.stdout], [], [], within)
+    line = proc.stdout.readline() if ready else ""
     if line.strip() != "ready":
         proc.kill()
-        raise AssertionError(f"the hog did not start: {proc.stderr.read() if proc.stderr else ''}")
+        proc.wait(timeout=60)
+        raise AssertionError(f"the hog did not start within {within:.0f} s: "
+                             f"{proc.stderr.read()[-2000:]}")
     return proc
 
 

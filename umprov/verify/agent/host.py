@@ -253,6 +253,10 @@ class Agent:
     def _monitor_records(self, disc: dict) -> None:
         infos = dict(enumerate(disc.get("gpus_nvml") or []))
         names = {d["index"]: d["name"] for d in self.devices}
+        # The monitor names GPUs by NVML's PCI bus id: take NVML's (matched by UUID in the
+        # discover child) where there is one, torch's otherwise.
+        devices = [{**d, "pci_bus_id": (infos.get(i) or {}).get("pci_bus_id") or
+                    d.get("pci_bus_id")} for i, d in enumerate(self.devices)]
 
         def profile_of(i: int) -> dict:
             return select_profile(self.profiles, names.get(i), self.forced)
@@ -262,7 +266,7 @@ class Agent:
         ends = [e["m"] for e in evs if e.get("ev") == "burnin_end"]
         window = (min(starts), max(ends) if ends else time.monotonic()) if starts else None
         recs, self.samples, foreign = monitor_records(
-            self.monitor.events() if self.monitor else [], self.devices,
+            self.monitor.events() if self.monitor else [], devices,
             exclusive=self.exclusive, infos={i: infos.get(i, {}) for i in names},
             profile_of=profile_of, window=window, origin=self.origin, record=record,
             ours=frozenset(self.pids))
