@@ -9,9 +9,11 @@ containers too (the NVIDIA container toolkit mounts it).
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 LIBRARY = "libnvidia-ml.so.1"
+ELSEWHERE = ("/usr/local/nvidia/lib64/" + LIBRARY, "/usr/lib64/" + LIBRARY)
 SUCCESS, NOT_SUPPORTED, NO_PERMISSION, INSUFFICIENT_SIZE = 0, 3, 4, 7
 FUNCTION_NOT_FOUND, GPU_IS_LOST = 13, 15
 VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot say
@@ -58,7 +60,13 @@ class LibNvml:
     @classmethod
     def load(cls) -> LibNvml:
         """Raises OSError (no library) or NvmlError (no driver, version mismatch)."""
-        return cls(ctypes.CDLL(LIBRARY))
+        try:
+            return cls(ctypes.CDLL(LIBRARY))
+        except OSError:
+            for path in ELSEWHERE:  # driver trees mounted outside the loader's path
+                if os.path.exists(path):
+                    return cls(ctypes.CDLL(path))
+            raise
 
     def text(self, code: int) -> str:
         fn = getattr(self.lib, "nvmlErrorString", None)
