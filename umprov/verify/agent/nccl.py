@@ -122,18 +122,22 @@ class Rank(Group):
 
 def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     em.start("nccl.init", "host")
-    r = Rank(em, opts, rank)
+    r = Rank(em, opts, rank)  # imports torch
     if not r.quick:
         # What DDP imports on first use (torch's compiler stack, seconds): done now, while the
         # per-GPU checks run; nothing here touches a GPU.
+        em.event("mark", what="import torch._dynamo")
         for mod in ("torch._dynamo", "torch.nn.parallel.distributed"):
             with contextlib.suppress(Exception):
                 importlib.import_module(mod)
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up
     # while the per-GPU checks run: they move no data. Collectives wait for the gate.
+    em.event("mark", what="process group, NCCL communicator")
     init_s = r.join()
     # Quick mode leaves the DDP step out (its set-up alone costs seconds).
+    if not r.quick:
+        em.event("mark", what="DDP model")
     ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
     gate = opts.get("gate")
     if gate and not r.quick:
