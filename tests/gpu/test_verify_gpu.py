@@ -70,6 +70,18 @@ def test_every_check_passes_on_a_healthy_host(agent, tmp_path, gpu_count):
     assert len(pairs) == gpu_count * (gpu_count - 1) // 2
     if gpu_count > 1:
         assert by_check(doc, "nccl.busbw_1g")[0]["measured"] > 0
+        sweep = by_check(doc, "nccl.allreduce_sweep")
+        assert [r["size_bytes"] for r in sweep][:3] == [8 << 10, 64 << 10, 1 << 20]
+        assert all(r["unit"] == "GB/s" and r["measured"] > 0 for r in sweep
+                   if r["verdict"] == "pass")
+    # the fleet-depth checks ran: other processes, the kernel log, NVLink
+    assert len(by_check(doc, "gpu.processes")) == gpu_count
+    assert "host.xid" in checks or any(c.startswith("xid.") for c in checks)
+    assert by_check(doc, "nvlink.links")
+    # where the time went: every child, and the parent's own phases
+    children = {t["child"] for t in doc["timings"]}
+    assert {"agent", "monitor", "discover", "gpu0", "nccl0"} <= children, children
+    assert doc["samples"] and {s["gpu"] for s in doc["samples"]} == set(range(gpu_count))
 
 
 def test_expected_gpu_count_above_the_real_one_fails(agent, tmp_path, gpu_count):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.pairs import pair_records
 from umprov.verify.agent.precheck import guess_gpu_count, no_gpu_reasons
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
 from umprov.verify.agent.runner import MULTICAST_OFF, child_env
@@ -79,6 +79,47 @@ def test_the_cuda_error_text_is_reported(agent, tmp_path):
     detail = gpu_visible(doc)["detail"]
     assert "CUDA error: Found no NVIDIA driver on your system" in detail
     assert doc["mode"] == "quick"
+
+
+def test_the_report_says_where_the_time_went(agent, tmp_path):
+    rc, doc, _ = run_agent(agent, tmp_path, "--duration", "90s", "--exclusive",
+                           fake="cpu_torch")
+    assert rc == EXIT_FAIL and report.validate(doc) == []
+    assert doc["facts"]["options"] == {"quick": False, "timeout_s": 120.0, "duration_s": 90.0,
+                                       "exclusive": True}
+    timings = doc["timings"]
+    assert {t["child"] for t in timings} >= {"agent", "discover", "monitor"}
+    for t in timings:
+        assert set(t) == {"name", "start_s", "seconds", "gpu", "child"}
+        assert t["start_s"] >= 0 and t["seconds"] > 0
+    assert [t["start_s"] for t in timings] == sorted(t["start_s"] for t in timings)
+    assert doc["samples"] == []  # no GPU, nothing sampled
+
+
+def test_a_gpu_that_fell_off_the_bus_explains_why_none_is_visible(agent, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "journal.out").write_text(json.dumps({
+        "__CURSOR": "c", "_SOURCE_MONOTONIC_TIMESTAMP": "5112309562",
+        "MESSAGE": "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+        "fallen off the bus."}) + "\n")
+    (bindir / "journalctl").write_text(f"#!/bin/sh\ncat {bindir / 'journal.out'}\n")
+    (bindir / "journalctl").chmod(0o755)
+    out = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(agent), "--json", str(out), "--quiet"], timeout=120,
+                   env={**env, "PYTHONPATH": str(FAKES / "cpu_torch"),
+                        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, check=False)
+    doc = json.loads(out.read_text())
+    fell = [r for r in doc["records"] if r["check"] == "xid.79"]
+    assert len(fell) == 1 and fell[0]["verdict"] == "fail" and fell[0]["hint"] == "reboot"
+    assert fell[0]["target"] == "host" and "PCI 0000:18:00" in fell[0]["detail"]
+    assert gpu_visible(doc)["verdict"] == "fail"
+
+
+def test_bad_durations_are_usage_errors(agent, tmp_path):
+    rc, doc, err = run_agent(agent, tmp_path, "--duration", "10x")
+    assert rc == EXIT_USAGE and doc == {} and "--duration: duration '10x'" in err
 
 
 def test_a_crashing_child_is_a_failure_with_its_last_words(agent, tmp_path):
@@ -173,9 +214,8 @@ def _torch_python() -> str | None:
     return sys.executable if importlib.util.find_spec("torch") else None
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_collective_checks_on_cpu_with_gloo(agent, tmp_path, world):
-    """The NCCL rank code, run over gloo on the CPU (needs a torch: UMPROV_TEST_TORCH_PYTHON)."""
+def run_ranks(agent: Path, tmp_path: Path, world: int, **opts: object) -> list[dict]:
+    """The NCCL rank children over gloo on the CPU, as the parent starts them; their events."""
     python = _torch_python()
     if python is None:
         pytest.skip("no Python with torch (set UMPROV_TEST_TORCH_PYTHON to run this)")
@@ -184,16 +224,22 @@ def test_collective_checks_on_cpu_with_gloo(agent, tmp_path, world):
         port = s.getsockname()[1]
     gate = tmp_path / "gate"
     gate.touch()
-    opts = tmp_path / "opts.json"
-    opts.write_text(json.dumps({"quick": False, "timeout": 60, "profiles": BUILTIN_PROFILES,
+    path = tmp_path / "opts.json"
+    path.write_text(json.dumps({"quick": False, "timeout": 60, "profiles": BUILTIN_PROFILES,
                                 "forced": None, "world": world, "port": port,
-                                "nccl_backend": "gloo", "gate": str(gate)}))
-    procs = [subprocess.Popen([python, str(agent), "--child", "nccl", "--child-opts", str(opts),
+                                "nccl_backend": "gloo", "gate": str(gate), **opts}))
+    procs = [subprocess.Popen([python, str(agent), "--child", "nccl", "--child-opts", str(path),
                                "--rank", str(r), "--child-out", str(tmp_path / f"r{r}.jsonl")])
              for r in range(world)]
     assert [p.wait(timeout=180) for p in procs] == [0] * world
-    events = [json.loads(ln) for r in range(world)
-              for ln in (tmp_path / f"r{r}.jsonl").read_text().splitlines()]
+    return [json.loads(ln) for r in range(world)
+            for ln in (tmp_path / f"r{r}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_collective_checks_on_cpu_with_gloo(agent, tmp_path, world):
+    """The NCCL rank code, run over gloo on the CPU (needs a torch: UMPROV_TEST_TORCH_PYTHON)."""
+    events = run_ranks(agent, tmp_path, world)
     records = {e["record"]["check"]: e["record"] for e in events if e["ev"] == "record"}
     for check in ("nccl.init", "nccl.all_reduce_f32", "nccl.all_reduce_bf16", "nccl.all_gather",
                   "nccl.reduce_scatter", "nccl.broadcast", "ddp.step"):
@@ -201,6 +247,38 @@ def test_collective_checks_on_cpu_with_gloo(agent, tmp_path, world):
     pairs = pair_records([e for e in events if e["ev"] == "pair"], BUILTIN_PROFILES["generic"],
                          world)
     assert len(pairs) == world * (world - 1) // 2
+    sweep = [e["record"] for e in events if e["ev"] == "record"
+             and e["record"]["check"] == "nccl.allreduce_sweep"]
     if world == 1:
         assert "one rank" in records["nccl.init"]["detail"]
         assert records["nccl.busbw_1g"]["verdict"] == "skip"
+        assert [(r["verdict"], "size_bytes" in r) for r in sweep] == [("skip", False)]
+        assert "one rank" in sweep[0]["detail"]
+    else:  # the CPU run sweeps up to 16 MiB: one record a size, bus bandwidth in GB/s
+        assert [r["size_bytes"] for r in sweep] == [8 << 10, 64 << 10, 1 << 20, 16 << 20]
+        assert all(r["verdict"] == "pass" and r["unit"] == "GB/s" and r["measured"] > 0
+                   and r["scope"] == "host" and r["target"] == "host" for r in sweep)
+
+
+def test_an_odd_number_of_ranks_measures_every_pair_in_rounds(agent, tmp_path):
+    """Three ranks: each round one rank sits out and still keeps step (the same barriers)."""
+    events = run_ranks(agent, tmp_path, 3, quick=True)
+    pairs = pair_records([e for e in events if e["ev"] == "pair"], BUILTIN_PROFILES["generic"],
+                         3)
+    assert [p["target"] for p in pairs] == ["gpu0-gpu1", "gpu0-gpu2", "gpu1-gpu2"]
+    assert all(p["verdict"] == "pass" and "->" in p["detail"] for p in pairs)
+
+
+def test_burn_in_on_cpu_with_gloo_keeps_the_ranks_in_step(agent, tmp_path):
+    """Two ranks load, probe and stop together (the same collectives on both); every GEMM probe
+    is bit-identical and every all_reduce exact."""
+    events = run_ranks(agent, tmp_path, 2, quick=True, duration=2)
+    records = {(e["record"]["target"], e["record"]["check"]): e["record"] for e in events
+               if e["ev"] == "record"}
+    for key in (("gpu0", "burnin.gemm_bf16_rate"), ("gpu1", "burnin.hbm_copy"),
+                ("gpu1", "burnin.gemm_repeatable"), ("host", "burnin.nccl")):
+        assert records[key]["verdict"] == "pass", records[key]
+    probes = [e for e in events if e["ev"] == "burnin_probe"]
+    assert probes and all(p["same"] and p["nccl_wrong"] == 0 for p in probes)
+    ends = [e["cycles"] for e in events if e["ev"] == "burnin_end"]
+    assert len(ends) == 2 and ends[0] == ends[1] >= 1

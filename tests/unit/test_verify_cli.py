@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import sys
 import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -21,7 +22,7 @@ def test_verify_help_lists_the_options(umprov_cli):
     result = umprov_cli("verify", "--help")
     assert result.exit_code == 0
     for opt in ("--local", "--quick", "--json", "--junit", "--prometheus", "--profile-file",
-                "--expected-gpus", "--timeout", "--image"):
+                "--expected-gpus", "--timeout", "--image", "--duration", "--exclusive"):
         assert opt in result.stdout
 
 
@@ -63,6 +64,9 @@ def test_local_with_a_python_without_torch_says_how_to_fix_it(umprov_cli, tmp_pa
         (["--local", "--image", "x"], "--image runs the agent in containers"),
         (["--python", "python3"], "--python applies to --local only"),
         (["--local", "--profile", "h300"], "profile 'h300' does not exist"),
+        (["--local", "--duration", "10x"], "--duration: duration '10x': use seconds or"),
+        (["hosts", "--multi-node", "--duration", "1m"], "--duration and --exclusive do not"),
+        (["hosts", "--multi-node", "--exclusive"], "--duration and --exclusive do not"),
     ],
 )
 def test_bad_option_combinations_are_config_errors(umprov_cli, args, message):
@@ -173,6 +177,32 @@ def test_verify_hosts_reports_each_host_even_when_it_fails(monkeypatch):
     assert "connection refused" in docs[0]["records"][0]["detail"]
     assert "no container 'mine'" in docs[1]["records"][0]["detail"]
     assert ("down", "connecting") in seen
+
+
+def test_burn_in_and_exclusive_reach_the_agent_and_its_deadline():
+    opts = remote.VerifyOptions(timeout=60, duration=600, exclusive=True)
+    args = opts.agent_args({})
+    assert args[args.index("--duration") + 1] == "600" and "--exclusive" in args
+    assert opts.overall_timeout() == remote.VerifyOptions(timeout=60).overall_timeout() + 600
+    assert "--duration" not in remote.VerifyOptions().agent_args({})
+
+
+def test_local_passes_burn_in_and_exclusive_to_the_agent(umprov_cli, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(FAKES / "cpu_torch"))
+    result = umprov_cli("verify", "--local", "--json", "--duration", "2m", "--exclusive")
+    (doc,) = json.loads(result.stdout)["hosts"]
+    assert doc["facts"]["options"]["duration_s"] == 120 and doc["facts"]["options"]["exclusive"]
+
+
+def test_local_passes_burn_in_progress_on_as_it_comes(capsys):
+    from umprov.verify.local import run_agent
+
+    line = "umprov verify agent: burn-in 10/60 s: gpu0 61 C 690 W 1755 MHz"
+    script = f"import sys; print({line!r}, file=sys.stderr); print('other', file=sys.stderr)"
+    rc, tail = run_agent([sys.executable, "-c", script], 60)
+    assert rc == 0 and "other" in tail
+    err = capsys.readouterr().err
+    assert line in err and "other" not in err
 
 
 def test_agent_args_take_host_variables():

@@ -93,6 +93,11 @@ def test_overrides_merge_key_by_key_and_add_profiles():
         ({"profiles": {"bad name": {}}}, "is not valid"),
         ({"profiles": ["h200"]}, "must be a mapping"),
         ({"profile": "h300"}, "profile 'h300' does not exist"),
+        ({"profiles": {"h200-sxm": {"nvlink_links": "18"}}}, "nvlink_links must be a whole"),
+        ({"profiles": {"h200-sxm": {"nvlink_links": 18.5}}}, "nvlink_links must be a whole"),
+        ({"profiles": {"h200-sxm": {"nvlink_links": -1}}}, "nvlink_links must be a whole"),
+        ({"profiles": {"h200-sxm": {"limits": {"nvlink_crc_growth": 1}}}},
+         "unknown limits key 'nvlink_crc_growth' (did you mean nvlink_crc_growth_warn?)"),
     ],
 )
 def test_bad_overrides_name_the_problem(override, message):
@@ -170,3 +175,13 @@ def test_both_loaders_follow_one_set_of_rules(tmp_path):
 def test_agent_profile_document_refuses_unknown_forced_profile(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         write_agent_profile(tmp_path / "a.json", {}, force="h999")
+
+
+def test_nvlink_link_counts_are_per_model_and_can_be_dropped():
+    assert BUILTIN_PROFILES["h200-sxm"]["nvlink_links"] == 18
+    assert "nvlink_links" not in BUILTIN_PROFILES["generic"]  # absent: not checked
+    merged = merge_profiles(BUILTIN_PROFILES, {"profiles": {
+        "h200-sxm": {"nvlink_links": None}, "hgx-b200": {"base": "h200-sxm", "nvlink_links": 18,
+                                                         "match": ["B200"]}}})
+    assert merged["h200-sxm"]["nvlink_links"] is None
+    assert merged["hgx-b200"]["nvlink_links"] == 18

@@ -190,3 +190,43 @@ def test_junit_file(tmp_path):
     path = tmp_path / "out" / "verify.xml"
     report.write_junit(path, [host_doc()])
     assert ET.parse(path).getroot().get("failures") == "1"  # noqa: S314
+
+
+def sweep_doc() -> dict:
+    recs = [record("host", "host", "nccl.allreduce_sweep", "pass", measured=bw, unit="GB/s",
+                   size_bytes=size, detail="not judged")
+            for size, bw in ((8 << 10, 0.4), (1 << 30, 327.0), (4 << 30, 345.0))]
+    return host_doc(records=recs)
+
+
+def test_a_sweep_point_carries_its_size_and_nothing_else_does():
+    doc = sweep_doc()
+    assert report.validate(doc) == []
+    assert [r["size_bytes"] for r in doc["records"]] == [8192, 1 << 30, 4 << 30]
+    assert "size_bytes" not in record("host", "host", "nccl.busbw_1g", "pass")
+    bad = copy.deepcopy(doc)
+    bad["records"][0]["size_bytes"] = "8 KiB"
+    assert report.validate(bad) == ["records[0]: size_bytes '8 KiB'"]
+
+
+def test_sweep_points_are_distinct_series_and_rows():
+    lines = report.to_prometheus([sweep_doc()], now=1.0).splitlines()
+    measured = [ln for ln in lines if ln.startswith("umprov_verify_measured{")]
+    assert len(measured) == len({ln.rsplit(" ", 1)[0] for ln in measured}) == 3
+    assert any('size_bytes="1073741824"' in ln and ln.endswith(" 327") for ln in measured)
+    checks = [r[2] for r in report.table_rows([sweep_doc()])]
+    assert checks == ["nccl.allreduce_sweep 8 KiB", "nccl.allreduce_sweep 1 GiB",
+                      "nccl.allreduce_sweep 4 GiB"]
+    cases = ET.fromstring(report.to_junit([sweep_doc()])).iter("testcase")  # noqa: S314
+    assert [c.get("name") for c in cases] == checks
+
+
+def test_samples_and_timings_ride_along_in_version_1():
+    doc = schema.host_report("gpu-1", [record("host", "host", "host.xid", "pass")], mode="full",
+                             profile="h200-sxm",
+                             timings=[{"name": "gpu.init", "start_s": 0.1, "seconds": 2.5,
+                                       "gpu": 0, "child": "gpu0"}],
+                             samples=[{"t": 1.0, "gpu": 0, "temp_c": 40.0, "power_w": 120.5,
+                                       "sm_clock_mhz": 1980.0, "mem_clock_mhz": 3201.0,
+                                       "throttle": []}])
+    assert doc["schema_version"] == 1 and report.validate(doc) == []

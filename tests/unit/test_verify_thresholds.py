@@ -6,7 +6,7 @@ import pytest
 
 from umprov.errors import ExitCode
 from umprov.verify import report
-from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.pairs import pair_records
 from umprov.verify.agent.profiles import BUILTIN_PROFILES, judge
 from umprov.verify.agent.schema import (
     EXIT_FAIL,

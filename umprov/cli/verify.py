@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 @click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
               metavar="S", help="Deadline of each test process; a hung GPU fails at it "
               "(--multi-node: of each stage, the rendezvous join included).")
+@click.option("--duration", default="0", show_default=True, metavar="T",
+              help="Burn-in: after the checks, load every GPU at once for T (90s, 10m, 1h), "
+              "sampling clocks, temperature, power and throttling; 0: none.")
+@click.option("--exclusive", is_flag=True,
+              help="Fail, not warn, when another process uses a GPU (a scheduler prolog).")
 @click.option("--image", metavar="IMAGE",
               help="Run the agent in a fresh container of IMAGE instead of the deployed one.")
 @click.option("--python", "python", metavar="PATH",
@@ -67,6 +72,8 @@ def verify(
     profile_name: str | None,
     expected_gpus: int | None,
     timeout: float,
+    duration: str,
+    exclusive: bool,
     image: str | None,
     python: str | None,
     trust_new_hosts: bool,
@@ -90,10 +97,17 @@ def verify(
     umprov verify hosts --prometheus /var/lib/node_exporter/textfile
     umprov verify hosts --html verify.html      a page to look at; umprov report: trends
     umprov verify hosts --multi-node            one torchrun job over every host's GPUs
+    umprov verify --local --duration 10m        a ten-minute burn-in after the checks
     """
     from umprov.errors import ConfigError
     from umprov.verify import report
+    from umprov.verify.agent.burnin import parse_duration
     from umprov.verify.profiles import load_overrides, resolve
+
+    try:
+        seconds = parse_duration(duration)
+    except ValueError as exc:
+        raise ConfigError(f"--duration: {exc}") from None
 
     if local and inventory.sources:
         raise ConfigError("give an INVENTORY or --local, not both")
@@ -108,9 +122,10 @@ def verify(
     if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"):
         raise ConfigError("--backend, --rendezvous and --nproc-per-node apply to --multi-node")
     if multi_node and (local or image or quick or profile_file or profile_name
-                       or expected_gpus is not None):
+                       or expected_gpus is not None or seconds or exclusive):
         raise ConfigError("--multi-node runs in the deployed containers' image; --local, "
-                          "--image, --quick, --profile* and --expected-gpus do not apply")
+                          "--image, --quick, --profile*, --expected-gpus, --duration and "
+                          "--exclusive do not apply")
     overrides = load_overrides(profile_file) if profile_file else {}
     if profile_name:
         known = resolve(overrides)
@@ -125,11 +140,12 @@ def verify(
                              trust_new=trust_new_hosts)
     elif local:
         docs = [run_local(quick=quick, timeout=timeout, expected_gpus=expected_gpus,
-                          overrides=overrides, python=python)]
+                          overrides=overrides, python=python, duration=seconds,
+                          exclusive=exclusive)]
     else:
         docs = run_inventory(inventory, limit=limit, quick=quick, timeout=timeout,
                              expected_gpus=expected_gpus, overrides=overrides, image=image,
-                             trust_new=trust_new_hosts)
+                             trust_new=trust_new_hosts, duration=seconds, exclusive=exclusive)
     elapsed = time.monotonic() - started
     keep_history(docs)
     if html_path:
@@ -165,14 +181,15 @@ def keep_history(docs: list[dict]) -> None:
 
 def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool, timeout: float,
                   expected_gpus: int | None, overrides: dict[str, Any], image: str | None,
-                  trust_new: bool) -> list[dict]:
+                  trust_new: bool, duration: float = 0.0, exclusive: bool = False) -> list[dict]:
     from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
     from umprov.verify.remote import VerifyOptions, verify_hosts
 
     hosts = list(load_inventory(inventory).select(limit))
     opts = VerifyOptions(quick=quick, timeout=timeout, expected_gpus=expected_gpus, image=image,
-                         profile=overrides or None, trust_new=trust_new)
+                         profile=overrides or None, trust_new=trust_new, duration=duration,
+                         exclusive=exclusive)
     with HostProgress([h.name for h in hosts]) as progress:
         return verify_hosts(hosts, opts, progress=progress)
 

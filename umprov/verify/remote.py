@@ -130,11 +130,11 @@ class VerifyOptions:
     image: str | None = None
     profile: Mapping[str, Any] | None = None  # override document for the agent
     trust_new: bool = False
+    duration: float = 0.0  # burn-in seconds (--duration)
+    exclusive: bool = False
 
     def agent_args(self, host_vars: Mapping[str, Any]) -> list[str]:
-        args = ["--timeout", str(self.timeout)]
-        if self.quick:
-            args.append("--quick")
+        args = agent_flags(self.quick, self.timeout, self.duration, self.exclusive)
         expected = self.expected_gpus
         if expected is None and host_vars.get("umprov_expected_gpus") is not None:
             expected = int(host_vars["umprov_expected_gpus"])
@@ -147,7 +147,20 @@ class VerifyOptions:
 
     def overall_timeout(self) -> float:
         # discover + per-GPU + NCCL phases, each with its own child deadline, plus start-up
-        return self.timeout * 3 + 120
+        # and the burn-in
+        return self.timeout * 3 + 120 + self.duration
+
+
+def agent_flags(quick: bool, timeout: float, duration: float, exclusive: bool) -> list[str]:
+    """The agent options every way of running it shares (here and umprov.verify.local)."""
+    args = ["--timeout", str(timeout)]
+    if quick:
+        args.append("--quick")
+    if duration:
+        args += ["--duration", f"{duration:g}"]
+    if exclusive:
+        args.append("--exclusive")
+    return args
 
 
 def verify_hosts(hosts: Sequence[Any], opts: VerifyOptions, *,

@@ -20,6 +20,7 @@ from typing import Any
 from umprov.errors import ExitCode
 from umprov.hosts.results import HostOutcome
 from umprov.hosts.results import exit_code as outcomes_exit_code
+from umprov.verify.agent.busbw import size_text
 from umprov.verify.agent.schema import (
     SCHEMA_VERSION,
     VERDICTS,
@@ -164,10 +165,16 @@ def table_rows(docs: Sequence[dict], *, all_rows: bool = True) -> list[list[str]
             if not all_rows and r["verdict"] in ("pass", "skip"):
                 continue
             rows.append([
-                doc["host"], r["target"], r["check"], _cell(r["measured"], r["unit"]),
+                doc["host"], r["target"], check_label(r), _cell(r["measured"], r["unit"]),
                 _cell(r["limit"]), r["verdict"].upper(), r["hint"] or "", _short(r["detail"]),
             ])
     return rows
+
+
+def check_label(r: Mapping[str, Any]) -> str:
+    """A record's check as people read it: a sweep point with its size ("... 4 GiB")."""
+    size = r.get("size_bytes")
+    return str(r["check"]) + (f" {size_text(size)}" if size is not None else "")
 
 
 def _short(text: str, limit: int = 90) -> str:
@@ -217,7 +224,7 @@ def to_junit(docs: Sequence[dict]) -> str:
         for r in doc["records"]:
             counts["tests"] += 1
             case = ET.SubElement(suite, "testcase", classname=f"{doc['host']}.{r['target']}",
-                                 name=r["check"], time="0")
+                                 name=check_label(r), time="0")
             text = _junit_text(r)
             if r["verdict"] == "fail":
                 kind = "error" if r["reason"] in ("timeout", "crash") else "failure"

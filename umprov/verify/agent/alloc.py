@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runner import Emitter, HostLinkLock, MiB, device_lock
+from .runner import Emitter, HostLinkLock, MiB, device_lock, oom_skip, out_of_memory
 from .schema import record
 
 
@@ -19,6 +19,9 @@ def alloc_checks(em: Emitter, torch: Any, opts: dict) -> None:
             with HostLinkLock(device_lock(opts, dev)):  # not during that GPU's timed checks
                 em.record(alloc_check(torch, dev, backend))
         except Exception as exc:
+            if out_of_memory(exc):
+                em.record(oom_skip("gpu", tgt, "alloc.cuda_malloc_async", exc))
+                continue
             em.record(record("gpu", tgt, "alloc.cuda_malloc_async", "fail", hint="investigate",
                              detail=f"{type(exc).__name__}: {exc}"[:400], reason="error"))
 

@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 
+from .burnin import parse_duration
 from .profiles import BUILTIN_PROFILES
 from .runner import DEFAULT_TIMEOUT, Emitter
 from .schema import EXIT_USAGE
@@ -30,6 +31,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", metavar="NAME", help="use this profile instead of detecting")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"per child process (default {DEFAULT_TIMEOUT:.0f})")
+    p.add_argument("--duration", default="0", metavar="T",
+                   help="burn-in: load every GPU at once for T (90s, 10m, 1h) after the checks, "
+                   "sampling clocks, temperature, power and throttling (default 0: none)")
+    p.add_argument("--exclusive", action="store_true",
+                   help="fail, not warn, when another process uses a GPU (a scheduler prolog)")
     p.add_argument("--managed-mib", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--list-profiles", action="store_true", help="print the profiles as JSON")
@@ -84,6 +90,10 @@ def child_main(args: argparse.Namespace) -> int:
             from .multinode import child_multinode
 
             child_multinode(em, opts)
+        elif kind == "monitor":
+            from .monitor import child_monitor
+
+            child_monitor(em, opts)
         else:
             raise ValueError(f"unknown child {kind}")
     except Exception:
@@ -115,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.timeout <= 0 or (args.expected_gpus is not None and args.expected_gpus < 0):
         print(f"{prog}: --timeout must be > 0 and --expected-gpus >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        args.duration = parse_duration(args.duration)
+    except ValueError as exc:
+        print(f"{prog}: --duration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from .host import Agent
 

@@ -13,7 +13,7 @@ from typing import Any
 from .alloc import alloc_checks
 from .cudart import CudaRt
 from .nvml import Nvml
-from .runner import Emitter, GiB
+from .runner import Emitter, GiB, wait_for_gate
 
 
 def child_discover(em: Emitter, opts: dict) -> None:
@@ -31,6 +31,7 @@ def child_discover(em: Emitter, opts: dict) -> None:
     em.facts(**facts)
     # This child was started with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync for this.
     if devices:
+        wait_for_gate(em, opts.get("cuda_gate"))  # its CUDA contexts come after the list
         alloc_checks(em, torch, opts)
     em.done()
 
@@ -81,7 +82,7 @@ def _nvml_facts(facts: dict[str, Any], devices: list[dict]) -> None:
     """The driver's view of the system and of each device torch sees."""
     nv = Nvml()
     facts["nvml"] = nv.system()
-    facts["nvml_error"] = nv.error if nv.kind != "pynvml" else ""
+    facts["nvml_error"] = nv.error if nv.kind != "nvml" else ""
     facts["gpus_nvml"] = []
     for d in devices:
         info = nv.info(d["uuid"], d["pci_bus_id"], d["index"]) if nv.kind != "none" else {}

@@ -11,8 +11,25 @@ from .health import gpu_health
 from .managed import ManagedTests
 from .nvml import Nvml
 from .profiles import select_profile
-from .runner import Emitter, GiB, HostLinkLock, MiB, device_lock, guarded
+from .runner import Emitter, GiB, HostLinkLock, MiB, device_lock, guarded, wait_for_gate
 from .schema import figure, record
+
+HEADROOM = 256 * MiB  # left free beside a check's buffers (cuBLAS workspace, other children)
+MIN_BYTES = 16 * MiB  # smaller buffers time nothing worth judging
+
+
+def share_of(free: int, cap: int, share: float) -> int:
+    """A buffer of ``share`` of the free memory, at most ``cap``, in whole MiB."""
+    return int(min(cap, free * share)) // MiB * MiB
+
+
+def skip_reason(nbytes: int, free: int) -> str | None:
+    """None when ``nbytes`` of buffers fit in ``free`` bytes with room to spare; else why the
+    check is skipped (never an out-of-memory error)."""
+    if nbytes >= MIN_BYTES and free >= nbytes + HEADROOM:
+        return None
+    return (f"skipped: needs {max(nbytes, MIN_BYTES) // MiB} MiB and {HEADROOM // MiB} MiB "
+            f"to spare, {free // MiB} MiB free on this GPU")
 
 
 def _elapsed(torch: Any, fn: Any, iters: int, warmup: int = 1) -> float:
@@ -51,6 +68,7 @@ class GpuChild:
         self.nv = Nvml()
         self.samples: list[dict] = []
         self.figures: dict[str, float] = {}
+        self._mats: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
 
     def rec(self, check: str, verdict: str, **kw: Any) -> None:
         self.em.record(record("gpu", self.tgt, check, verdict, **kw))
@@ -80,11 +98,21 @@ class GpuChild:
     def guard(self, check: str, fn: Any) -> Any:
         return guarded(self.em, "gpu", self.tgt, check, fn)
 
+    def fits(self, check: str, nbytes: int) -> bool:
+        """Whether ``nbytes`` of buffers leave room on this GPU; else a skip record saying so
+        (another process may hold the memory: gpu.processes names it)."""
+        why = skip_reason(nbytes, self.torch.cuda.mem_get_info(self.dev)[0])
+        if why:
+            self.rec(check, "skip", detail=why)
+        return why is None
+
     # -- basic compute
     def smoke(self) -> None:
         torch = self.torch
         t0 = time.perf_counter()
         n = 1 << 24
+        if not self.fits("gpu.smoke_kernel", 4 * 8 * n):
+            return
         x = torch.arange(n, device=self.device, dtype=torch.int64)
         y = (x * 3 + 1) % 1000003
         total = int(y.sum().item())
@@ -97,12 +125,16 @@ class GpuChild:
                  + ("" if ok else f"; got {total}, expected {expected}"), hint="reset")
 
     def _int_mats(self, m: int, k: int, n: int) -> tuple[Any, Any, Any]:
-        torch = self.torch
-        gen = torch.Generator().manual_seed(1234 + self.dev)
-        a = torch.randint(-3, 4, (m, k), generator=gen).float()
-        b = torch.randint(-3, 4, (k, n), generator=gen).float()
-        # Small integers: every product and partial sum is exact in fp32 (< 2**24).
-        return a, b, a @ b
+        """Integer matrices and their product on the CPU, made once: the fp32 and the bf16
+        checks share them (the CPU product is the slow part)."""
+        if (m, k, n) not in self._mats:
+            torch = self.torch
+            gen = torch.Generator().manual_seed(1234 + self.dev)
+            a = torch.randint(-3, 4, (m, k), generator=gen).float()
+            b = torch.randint(-3, 4, (k, n), generator=gen).float()
+            # Small integers: every product and partial sum is exact in fp32 (< 2**24).
+            self._mats[(m, k, n)] = (a, b, a @ b)
+        return self._mats[(m, k, n)]
 
     def gemm_fp32_exact(self) -> None:
         torch = self.torch
@@ -135,6 +167,8 @@ class GpuChild:
         torch = self.torch
         size = 4096 if self.quick else 8192
         iters = 30 if self.quick else 50
+        if not self.fits("gpu.gemm_bf16_rate", 4 * 2 * size * size):
+            return
         gen = torch.Generator(device=self.device).manual_seed(7)
         a = torch.randn(size, size, device=self.device, dtype=torch.bfloat16, generator=gen)
         b = torch.randn(size, size, device=self.device, dtype=torch.bfloat16, generator=gen)
@@ -172,7 +206,9 @@ class GpuChild:
     def hbm_copy(self) -> None:
         torch = self.torch
         free, _total = torch.cuda.mem_get_info(self.dev)
-        n = int(min(2 * GiB, free * 0.04)) // MiB * MiB
+        n = share_of(free, 2 * GiB, 0.04)
+        if not self.fits("gpu.hbm_copy", 2 * n):
+            return
         src = torch.empty(n, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(src)
         dst.copy_(src)
@@ -188,7 +224,9 @@ class GpuChild:
     def pinned_copy(self) -> None:
         torch = self.torch
         free, _ = torch.cuda.mem_get_info(self.dev)
-        n = int(min(GiB, free * 0.02)) // MiB * MiB
+        n = share_of(free, GiB, 0.02)
+        if not self.fits("pcie.h2d_pinned", n):
+            return
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         host.fill_(1)
         devbuf = torch.empty(n, dtype=torch.uint8, device=self.device)
@@ -227,11 +265,12 @@ def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
     em.start("gpu.init", f"gpu{dev}")
     import torch
 
-    em.event("mark", what="torch imported")
     if dev >= torch.cuda.device_count():  # started on a guess that was too high
         em.event("absent", device=dev)
         em.done()
         return
+    wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
+    em.event("mark", what="cuda init")
     GpuChild(em, dev, opts).run()
 
 

@@ -27,7 +27,7 @@ def gpu_health(gc: GpuChild) -> None:
     _ecc(gc.rec, info, lim)
     _pcie_link(gc.rec, info, gc.samples)
     _throttle(gc.rec, gc.samples)
-    _temperature(gc.rec, info, gc.samples, lim)
+    temperature(gc.rec, info, gc.samples, lim)
 
 
 def _ecc(rec: Rec, info: dict, lim: dict) -> None:
@@ -79,6 +79,17 @@ def _pcie_link(rec: Rec, info: dict, samples: list[dict]) -> None:
             detail=f"read while busy; max x{wmax}")
 
 
+# NVML's clock event (throttle) reasons, by bit
+THROTTLE_REASONS = ((0x1, "gpu-idle"), (0x2, "applications-clocks"), (0x4, "sw-power-cap"),
+                    (0x8, "hw-slowdown"), (0x10, "sync-boost"), (0x20, "sw-thermal"),
+                    (0x40, "hw-thermal"), (0x80, "hw-power-brake"), (0x100, "display-clocks"))
+SLOWDOWNS = 0x8 | 0x20 | 0x40 | 0x80  # clocks held down by a limit other than the power cap
+
+
+def throttle_names(mask: int | None) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS if int(mask or 0) & bit]
+
+
 def _throttle(rec: Rec, samples: list[dict]) -> None:
     """Clock event (throttle) reasons seen while busy."""
     masks = [s.get("throttle_mask") for s in samples if s.get("throttle_mask") is not None]
@@ -90,20 +101,20 @@ def _throttle(rec: Rec, samples: list[dict]) -> None:
         mask |= int(m)
     hard = mask & (0x8 | 0x40 | 0x80)  # HW slowdown, HW thermal, HW power brake
     soft = mask & 0x20  # SW thermal slowdown
-    names = [n for bit, n in ((0x4, "sw-power-cap"), (0x8, "hw-slowdown"),
-                              (0x20, "sw-thermal"), (0x40, "hw-thermal"),
-                              (0x80, "hw-power-brake")) if mask & bit]
+    names = throttle_names(mask)
     verdict = "fail" if hard else ("warn" if soft else "pass")
     rec("gpu.throttle", verdict, measured=hex(mask),
         hint="cooling" if mask & 0x60 else "power",
         detail=f"clock event reasons under load: {', '.join(names) or 'none'}")
 
 
-def _temperature(rec: Rec, info: dict, samples: list[dict], lim: dict) -> None:
+def temperature(rec: Rec, info: dict, samples: list[dict], lim: dict,
+                check: str = "gpu.temperature", when: str = "under load") -> None:
+    """The hottest sample against the profile's limits (the GPU's slowdown threshold wins)."""
     temps = [s.get("temperature_c") for s in samples if s.get("temperature_c")]
     temp = max(temps) if temps else info.get("temperature_c")
     if temp is None:
-        rec("gpu.temperature", "skip", detail="not reported")
+        rec(check, "skip", detail="not reported")
         return
     slow = info.get("temp_slowdown_c")
     warn_at = float(lim.get("temperature_warn_c", 85))
@@ -112,8 +123,8 @@ def _temperature(rec: Rec, info: dict, samples: list[dict], lim: dict) -> None:
         warn_at = min(warn_at, float(slow) - 3)
         fail_at = min(fail_at, float(slow))
     verdict = "fail" if temp >= fail_at else ("warn" if temp >= warn_at else "pass")
-    rec("gpu.temperature", verdict, measured=temp, unit="C", limit=warn_at,
-        hint="cooling", detail=f"under load; fails at {fail_at:g} C"
+    rec(check, verdict, measured=temp, unit="C", limit=warn_at,
+        hint="cooling", detail=f"{when}; fails at {fail_at:g} C"
         + (f" (slowdown {slow} C)" if slow else ""))
 
 

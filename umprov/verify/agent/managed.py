@@ -40,9 +40,10 @@ class ManagedTests:
         want = int(gc.opts.get("managed_mib") or (64 if self.quick else 1024)) * MiB
         # Never more than 3% of what is free: managed oversubscription can hang a shared GPU.
         n = int(min(want, free * 0.03)) // (2 * MiB) * (2 * MiB)
-        if n < 4 * MiB:
-            gc.rec("managed.roundtrip_exact", "fail", measured=free, unit="bytes free",
-                   detail="too little free GPU memory for a safe managed buffer", hint="reset")
+        if n < 4 * MiB:  # another process may hold the memory: gpu.processes names it
+            gc.rec("managed.roundtrip_exact", "skip", measured=free, unit="bytes free",
+                   detail=f"skipped: {free // MiB} MiB free on this GPU, too little for a "
+                   "managed buffer of at most 3% of it")
             return
         self.n, self.k = n, n // 4
         ptr = rt.malloc_managed(n)

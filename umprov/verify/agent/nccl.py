@@ -1,25 +1,29 @@
 """The host's collective checks: one rank per GPU in a process group over loopback.
 
 Exact-value checks of all_reduce (float32, bfloat16), all_gather, reduce_scatter and broadcast
-(every rank learns every rank's mismatch count), send/recv between every ordered pair of GPUs
-(the receiver reports; ``pair_records`` judges the pairs in the parent), bus bandwidth at 1 and
-4 GiB (nccl-tests' definition: algbw * 2(n-1)/n) and one DistributedDataParallel step (ddp.py).
-In full mode the ranks start early (torch import, NCCL set-up and the DDP model overlap the
-per-GPU checks) and wait at a gate, so no collective runs while per-GPU bandwidth is measured.
+(every rank learns every rank's mismatch count), send/recv between every pair of GPUs
+(pairs.py), bus bandwidth at 1 and 4 GiB and over a size sweep (busbw.py), one
+DistributedDataParallel step (ddp.py) and, with ``--duration``, the burn-in (burnin.py).
+The ranks start with the per-GPU children; once the monitor child has listed the GPUs'
+processes they set up the process group, NCCL's communicator and the DDP model (no data moves)
+while the per-GPU checks run, then in full mode wait at a gate, so no collective runs while
+per-GPU bandwidth is measured.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import time
 from typing import Any
 
+from .burnin import burn_in
+from .busbw import bus_bandwidth
 from .ddp import ddp_prepare, ddp_step
+from .pairs import send_recv_pairs
 from .profiles import select_profile
-from .runner import Emitter, GiB, MiB
-from .schema import figure, record
+from .runner import Emitter, MiB, wait_for_gate
+from .schema import record
 
 
 def init_process_group(dist: Any, kw: dict[str, Any]) -> None:
@@ -42,11 +46,17 @@ class Group:
         if not self.cpu:
             self.torch.cuda.synchronize()
 
-    def agree(self, bad: int) -> int:
-        """Sum of a per-rank mismatch count over all ranks (every rank learns it)."""
+    def agree(self, bad: int, op: str = "SUM") -> int:
+        """Sum (or MAX) of a per-rank number over all ranks (every rank learns it)."""
         t = self.torch.tensor([bad], dtype=self.torch.int64, device=self.device)
-        self.dist.all_reduce(t)
+        self.dist.all_reduce(t, op=getattr(self.dist.ReduceOp, op))
         return int(t.item())
+
+    def agree_max(self, n: int) -> int:
+        return self.agree(n, "MAX")
+
+    def agree_min(self, n: int) -> int:
+        return -self.agree(-n, "MAX")
 
     def slowest_all_reduce_s(self, x: Any, reps: int) -> float:
         """Seconds per all_reduce of ``x`` after two warm-ups; the slowest rank's time is the
@@ -112,22 +122,27 @@ class Rank(Group):
 
 def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     em.start("nccl.init", "host")
-    r = Rank(em, opts, rank)
+    r = Rank(em, opts, rank)  # imports torch
     if not r.quick:
         # What DDP imports on first use (torch's compiler stack, seconds): done now, while the
         # per-GPU checks run; nothing here touches a GPU.
+        em.event("mark", what="import torch._dynamo")
         for mod in ("torch._dynamo", "torch.nn.parallel.distributed"):
             with contextlib.suppress(Exception):
                 importlib.import_module(mod)
-    gate = opts.get("gate")
-    if gate:
-        em.start("nccl.wait_for_gpu_checks", "host")
-        while not os.path.exists(gate):  # the parent opens it when the GPUs are free
-            time.sleep(0.02)
-        em.start("nccl.init", "host")
+    wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
+    # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up
+    # while the per-GPU checks run: they move no data. Collectives wait for the gate.
+    em.event("mark", what="process group, NCCL communicator")
     init_s = r.join()
     # Quick mode leaves the DDP step out (its set-up alone costs seconds).
+    if not r.quick:
+        em.event("mark", what="DDP model")
     ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
+    gate = opts.get("gate")
+    if gate and not r.quick:
+        em.start("nccl.wait_for_gpu_checks", "host")
+        wait_for_gate(em, gate, float("inf"))  # the parent opens it when the GPUs are free
     nccl_v = ""
     if not r.cpu:
         with contextlib.suppress(Exception):
@@ -140,6 +155,12 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     if ddp_state is not None:  # all ranks must end with identical parameters
         em.start("ddp.step", "host")
         ddp_step(r, ddp_state)
+    seconds = float(opts.get("duration") or 0)
+    if seconds > 0:
+        if gate and r.quick:
+            em.start("nccl.wait_for_gpu_checks", "host")
+            wait_for_gate(em, gate, float("inf"))
+        burn_in(r, seconds)
     em.done()
     with contextlib.suppress(Exception):
         r.dist.destroy_process_group()
@@ -211,102 +232,3 @@ def _broadcast(r: Rank, head: Any) -> None:
         r.dist.broadcast(t, src=root)
         bad += int((t != want).sum())
     _wrong(r, "nccl.broadcast", r.agree(bad), f"from root(s) {roots}{r.one}")
-
-
-def send_recv_pairs(r: Rank) -> None:
-    """send/recv between every ordered pair; the receiver reports (the parent pairs them up)."""
-    torch, dist, rank = r.torch, r.dist, r.rank
-    pair_bytes = (16 if r.quick else 256) * MiB
-    iters = 3 if r.quick else 5
-    k = pair_bytes // 4
-    buf = torch.empty(k, dtype=torch.int32, device=r.device)
-    base = torch.arange(k, dtype=torch.int32, device=r.device)
-    for src in range(r.world):
-        for dst in range(r.world):
-            if src == dst:
-                continue
-            r.em.start("nccl.send_recv", f"gpu{min(src, dst)}-gpu{max(src, dst)}")
-            pattern = base ^ (src * 1000 + dst)
-            if rank == src:
-                dist.send(pattern, dst)  # warm-up: connects the pair
-            elif rank == dst:
-                dist.recv(buf, src)
-            r.sync()
-            dist.barrier()
-            t1 = time.perf_counter()
-            for _ in range(iters):
-                if rank == src:
-                    dist.send(pattern, dst)
-                elif rank == dst:
-                    dist.recv(buf, src)
-            r.sync()
-            secs = time.perf_counter() - t1
-            if rank == dst:
-                wrong = int((buf != pattern).sum())
-                r.em.event("pair", src=src, dst=dst, gbps=pair_bytes * iters / secs / 1e9,
-                           wrong=wrong, bytes=pair_bytes, quick=r.quick)
-
-
-def bus_bandwidth(r: Rank) -> None:
-    """all_reduce bus bandwidth at one large size (two in full mode)."""
-    torch, world = r.torch, r.world
-    for gib in ([1] if r.quick else [1, 4]):
-        check = f"nccl.busbw_{gib}g"
-        r.em.start(check, "host")
-        if world == 1:
-            r.emit(check, "skip", detail="collective test had one rank: no bus bandwidth")
-            continue
-        free = torch.cuda.mem_get_info(r.rank)[0] if not r.cpu else 64 * GiB
-        nbytes = gib * GiB
-        if r.agree(0 if free > 4 * nbytes else 1) != 0:
-            r.emit(check, "skip", detail=f"not enough free GPU memory for {gib} GiB")
-            continue
-        if r.cpu:
-            nbytes = 16 * MiB  # the CPU self-test only exercises the code path
-        x = torch.zeros(nbytes // 4, dtype=torch.float32, device=r.device)
-        reps = 3 if r.quick else (10 if gib == 1 else 5)
-        secs = r.slowest_all_reduce_s(x, reps)
-        busbw = nbytes / secs / 1e9 * 2 * (world - 1) / world
-        if r.lead:
-            r.em.record(figure(
-                "host", "host", check, busbw, f"nccl_busbw_{gib}g_gbps", r.profile,
-                judged=not r.quick and not r.cpu, hint="reseat",
-                detail=f"all_reduce float32 {gib} GiB x{reps}, {world} ranks, "
-                f"algbw {nbytes / secs / 1e9:.1f} GB/s"
-                + ("; quick: measured while other checks ran" if r.quick else "")))
-        del x
-
-
-def pair_records(events: list[dict], profile: dict, world: int) -> list[dict]:
-    """One record per GPU pair from the receivers' per-direction events."""
-    by_pair: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}
-    for e in events:
-        a, b = sorted((int(e["src"]), int(e["dst"])))
-        by_pair.setdefault((a, b), {})[(int(e["src"]), int(e["dst"]))] = e
-    if not by_pair:
-        return []
-    best = max(min(d["gbps"] for d in dirs.values()) for dirs in by_pair.values())
-    outlier = float(profile.get("limits", {}).get("pair_outlier_ratio", 0.7))
-    out = []
-    for (a, b), dirs in sorted(by_pair.items()):
-        tgt = f"gpu{a}-gpu{b}"
-        quick = any(d.get("quick") for d in dirs.values())
-        size = int(next(iter(dirs.values())).get("bytes") or 0)
-        text = ", ".join(f"{s}->{d} {e['gbps']:.1f} GB/s" for (s, d), e in sorted(dirs.items()))
-        wrong = sum(int(e["wrong"]) for e in dirs.values())
-        slow = min(e["gbps"] for e in dirs.values())
-        missing = 2 - len(dirs)
-        if wrong or missing:
-            out.append(record("pair", tgt, "nccl.send_recv", "fail", measured=wrong,
-                              unit="wrong elements", limit=0, hint="isolate",
-                              detail=f"{text}; " + (f"{wrong} wrong elements" if wrong else
-                                                    "a direction did not report")))
-            continue
-        rec = figure("pair", tgt, "nccl.send_recv", slow, "p2p_gbps", profile, judged=not quick,
-                     hint="reseat", detail=f"slower direction of {text}"
-                     + (f"; quick: {size // MiB} MiB transfers" if quick else ""))
-        if not quick and world > 2 and slow < outlier * best and rec["verdict"] == "pass":
-            rec["verdict"], rec["hint"] = "warn", "reseat"
-            rec["detail"] += f"; below {outlier:g} x the best pair ({best:.0f} GB/s)"
-        out.append(rec)
-    return out

@@ -40,10 +40,17 @@ LIMITS: dict[str, str] = {
     "temperature_fail_c": "GPU temperature that fails",
     "ecc_uncorrected_max": "volatile uncorrectable ECC errors allowed",
     "pair_outlier_ratio": "a GPU pair below this fraction of the best pair warns",
+    "nvlink_crc_growth_warn": "NVLink CRC errors (flit + data) added during the run that warn",
+    "nvlink_crc_growth_fail": "NVLink CRC errors added during the run that fail",
+    "nvlink_replay_growth_warn": "NVLink replays added during the run that warn",
+    "nvlink_replay_growth_fail": "NVLink replays added during the run that fail",
+    "nvlink_recovery_growth_warn": "NVLink recoveries (link retrains) during the run that warn",
+    "nvlink_recovery_growth_fail": "NVLink recoveries during the run that fail",
 }
 DEFAULT_RATIOS = (0.85, 0.70)
 DOCUMENT_KEYS = ("profiles", "profile")
-PROFILE_KEYS = ("description", "match", "expect", "ratios", "limits", "warn_only", "base")
+PROFILE_KEYS = ("description", "match", "expect", "ratios", "limits", "warn_only", "base",
+                "nvlink_links")
 
 
 def _resource_text(name: str) -> str:
@@ -106,6 +113,13 @@ def _merged(profiles: dict[str, dict], name: Any, spec: Any) -> dict:
         prof["limits"].update(_check_numbers(name, "limits", spec["limits"], LIMITS))
     if "ratios" in spec:
         prof["ratios"].update(_check_ratios(name, spec["ratios"]))
+    if "nvlink_links" in spec:  # active NVLinks per GPU; absent or null: not checked
+        links = spec["nvlink_links"]
+        if links is not None and (isinstance(links, bool) or not isinstance(links, int)
+                                  or not 0 <= links <= 64):
+            raise ValueError(f"profile {name}: nvlink_links must be a whole number 0-64, "
+                             "or null")
+        prof["nvlink_links"] = links
     if "warn_only" in spec:
         wo = spec["warn_only"]
         if not isinstance(wo, list) or any(not isinstance(k, str) or k not in METRICS

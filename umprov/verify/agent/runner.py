@@ -25,6 +25,7 @@ MULTICAST_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 DEFAULT_TIMEOUT = 120.0
+GATE_LIMIT = 30.0  # seconds a child waits for the monitor child's process list at most
 GiB = 1 << 30
 MiB = 1 << 20
 _T0 = time.monotonic()
@@ -45,13 +46,17 @@ class Emitter:
     def __init__(self, path: str, kind: str) -> None:
         self.kind = kind
         self.fh = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the child)
+        self.current: tuple[str, str] | None = None  # the check under way
 
     def _write(self, obj: dict) -> None:
-        obj["t"] = round(time.monotonic() - _T0, 3)  # seconds since the child started
+        now = time.monotonic()
+        obj["t"] = round(now - _T0, 3)  # seconds since the child started
+        obj["m"] = round(now, 3)  # CLOCK_MONOTONIC: one clock for every process of the host
         self.fh.write(json.dumps(obj, default=str) + "\n")
         self.fh.flush()
 
     def start(self, check: str, target: str) -> None:
+        self.current = (check, target)
         self._write({"ev": "start", "check": check, "target": target})
 
     def record(self, rec: dict) -> None:
@@ -67,6 +72,17 @@ class Emitter:
         self._write({"ev": "done"})
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc)
+
+
+def oom_skip(scope: str, target: str, check: str, exc: BaseException) -> dict:
+    """Out of GPU memory: another process may hold it (gpu.processes names it), so the check
+    is skipped, saying so, not failed."""
+    text = f"{type(exc).__name__}: {exc}".split(". ")[0]
+    return record(scope, target, check, "skip", detail=f"skipped: out of GPU memory: {text}"[:400])
+
+
 def guarded(em: Emitter, scope: str, target: str, check: str, fn: Any, *args: Any) -> Any:
     """Run one check; an exception becomes a failing record naming it."""
     em.start(check, target)
@@ -74,10 +90,36 @@ def guarded(em: Emitter, scope: str, target: str, check: str, fn: Any, *args: An
         return fn(*args)
     except Exception as exc:  # any error in a check is its result, not the agent's crash
         text = f"{type(exc).__name__}: {exc}"
+        if out_of_memory(exc):
+            em.record(oom_skip(scope, target, check, exc))
+            return None
         hint = "reset" if "CUDA" in text or "cuda" in text else "investigate"
         em.record(record(scope, target, check, "fail", detail=text[:500], hint=hint,
                          reason="error"))
         return None
+
+
+def wait_for_gate(em: Emitter, path: str | None, limit: float = GATE_LIMIT) -> None:
+    """Block until the parent (or the monitor child) creates ``path``; after ``limit`` seconds
+    go on anyway and say so (a lost gate must not hang a child). The wait is a phase of its
+    own in the timings; the check under way resumes after it."""
+    if not path or os.path.exists(path):
+        return
+    name = os.path.basename(path)
+    em.event("mark", what=f"wait: {name}")
+    end = time.monotonic() + limit
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            em.event("mark", what=f"{name} not opened within {limit:.0f} s: went on")
+            break
+        time.sleep(0.02)
+    if em.current:
+        em.start(*em.current)
+
+
+def open_gate(path: str) -> None:
+    with open(path, "a"):
+        pass
 
 
 def child_env(extra: dict[str, str] | None = None, threads: int | None = None) -> dict[str, str]:
@@ -145,6 +187,8 @@ class Child:
         self.timed_out = False
         self.rc: int | None = None
         self.ended: float | None = None
+        self._events: list[dict] = []
+        self._read_to = 0
 
     def poll(self) -> bool:
         if self.rc is not None:
@@ -163,8 +207,9 @@ class Child:
     def wall(self) -> float:
         return round((self.ended or time.monotonic()) - self.started, 2)
 
-    def wait_for(self, ev: str) -> dict | None:
-        """Block until the child writes an event of this kind (or ends); that event or None."""
+    def wait_for(self, ev: str, tick: Any = None) -> dict | None:
+        """Block until the child writes an event of this kind (or ends); that event or None.
+        ``tick()`` runs between looks."""
         while True:
             for e in self.events():
                 if e.get("ev") == ev:
@@ -174,19 +219,41 @@ class Child:
                     if e.get("ev") == ev:
                         return e
                 return None
+            if tick is not None:
+                tick()
             time.sleep(0.02)
 
-    def timeline(self) -> list[list[Any]]:
-        """[check, seconds] for each check that took a noticeable time."""
-        out = []
-        prev: dict | None = None
-        for e in self.events():
-            if prev is not None and prev.get("ev") == "start" and "t" in e:
-                secs = e["t"] - prev["t"]
-                if secs >= 0.05:
-                    out.append([f"{prev['target']}:{prev['check']}", round(secs, 2)])
-            if e.get("ev") in ("start", "record", "done", "facts", "mark"):
-                prev = e
+    def timings(self, origin: float, gpu: int | None = None) -> list[dict]:
+        """Where this child's time went, as {"name", "start_s", "seconds", "gpu", "child"}
+        (start_s: seconds since ``origin``, the run's start): its start-up until its first
+        event, then each phase from a "start" (named by its check) or a "mark" (named by what
+        follows) to the next; repeated starts of one check are one phase."""
+        out: list[dict] = []
+
+        def add(name: str, a: float, b: float) -> None:
+            if b - a >= 0.005:
+                if out and out[-1]["name"] == name and abs(out[-1]["_end"] - a) < 1e-6:
+                    out[-1]["seconds"] = round(b - origin - out[-1]["start_s"], 3)
+                    out[-1]["_end"] = b
+                    return
+                out.append({"name": name, "start_s": round(a - origin, 3),
+                            "seconds": round(b - a, 3), "gpu": gpu, "child": self.name,
+                            "_end": b})
+
+        evs = [e for e in self.events() if "m" in e]
+        if evs:
+            add("process start", self.started, float(evs[0]["m"]))
+        opened: tuple[str, float] | None = None
+        for e in evs:
+            if e.get("ev") in ("start", "mark", "done"):
+                if opened:
+                    add(opened[0], opened[1], float(e["m"]))
+                opened = None if e["ev"] == "done" else (
+                    str(e.get("check") or e.get("what")), float(e["m"]))
+        if opened:
+            add(opened[0], opened[1], self.ended or time.monotonic())
+        for t in out:
+            del t["_end"]
         return out
 
     def kill(self) -> None:
@@ -199,12 +266,17 @@ class Child:
         self.ended = time.monotonic()
 
     def events(self) -> list[dict]:
-        out = []
-        with contextlib.suppress(OSError), open(self.out_path) as fh:
-            for line in fh:
+        """Every event so far; read on from where the last call stopped (a long burn-in's
+        file grows to thousands of lines, polled many times a second)."""
+        with contextlib.suppress(OSError), open(self.out_path, "rb") as fh:
+            fh.seek(self._read_to)
+            data = fh.read()
+            end = data.rfind(b"\n") + 1  # only whole lines: the child may be mid-write
+            for line in data[:end].splitlines():
                 with contextlib.suppress(ValueError):
-                    out.append(json.loads(line))
-        return out
+                    self._events.append(json.loads(line))
+            self._read_to += end
+        return self._events
 
     def stderr_tail(self) -> str:
         try:
@@ -259,10 +331,14 @@ class Child:
         )
 
 
-def wait_all(children: list[Child], groups: list[list[Child]] | None = None) -> None:
-    """Wait for every child; a group (NCCL ranks) dies together when one member fails."""
+def wait_all(children: list[Child], groups: list[list[Child]] | None = None,
+             tick: Any = None) -> None:
+    """Wait for every child; a group (NCCL ranks) dies together when one member fails.
+    ``tick()`` runs between looks (the parent's sampling and progress)."""
     groups = groups or []
     while True:
+        if tick is not None:
+            tick()
         pending = [c for c in children if not c.poll()]
         for group in groups:
             failed = [c for c in group if c.rc is not None and (c.rc != 0 or c.timed_out)]

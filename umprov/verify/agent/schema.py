@@ -12,6 +12,14 @@ Every host document (``schema: umprov.verify.host``, ``schema_version: 1``) come
     limit     the pass limit (null: informational), expected: the profile's value or null
     verdict   pass | warn | fail | skip;  hint: reboot | reset | isolate | ... (warn/fail only)
     detail    one line for people;  reason: null, or error | timeout | crash
+    size_bytes  optional (additive in version 1, present only where it applies): the message
+              size of a sweep point, e.g. each nccl.allreduce_sweep record
+
+Optional top-level keys of the agent's own documents (additive, version 1): ``samples`` (the
+monitor child's readings: {"t": seconds since the run started, "gpu": index, "temp_c",
+"power_w", "sm_clock_mhz", "mem_clock_mhz": numbers or null, "throttle": [reason names]}),
+``timings`` (where the time went: {"name", "start_s", "seconds", "gpu": index or null,
+"child": process name}), ``children_wall_s``.
 
 The exit codes are plain integers here (the agent runs without umprov); umprov.errors.ExitCode
 holds the same values, and a unit test keeps them equal.
@@ -74,8 +82,9 @@ def record(
     detail: str = "",
     hint: str | None = None,
     reason: str | None = None,
+    size_bytes: int | None = None,
 ) -> dict:
-    """One result row; the unit of the JSON schema."""
+    """One result row; the unit of the JSON schema (``size_bytes`` only where given)."""
     if verdict not in VERDICTS:
         raise ValueError(f"bad verdict {verdict}")
     if isinstance(measured, float):
@@ -85,7 +94,7 @@ def record(
     if m:
         gpu = int(m.group(1))
         peer = int(m.group(2)) if m.group(2) is not None else None
-    return {
+    rec = {
         "scope": scope,
         "target": target,
         "gpu": gpu,
@@ -100,6 +109,9 @@ def record(
         "detail": " ".join(str(detail).split()),
         "reason": reason,
     }
+    if size_bytes is not None:
+        rec["size_bytes"] = int(size_bytes)
+    return rec
 
 
 def figure(scope: str, target: str, check: str, measured: float | None, metric: str,
@@ -116,8 +128,8 @@ def host_report(host: str, records: list[dict], *, mode: str, profile: str,
                 facts: dict | None = None, wall_s: float = 0.0, started: float | None = None,
                 **extra: Any) -> dict:
     """The host document around ``records``: verdict, exit code and summary follow from them;
-    ``started`` is a time.time() (default: now). ``extra`` keys (the agent's children_wall_s
-    and timeline) go between summary and facts."""
+    ``started`` is a time.time() (default: now). ``extra`` keys (the agent's children_wall_s,
+    timings and samples) go between summary and facts."""
     summary = dict.fromkeys(VERDICTS, 0)
     for r in records:
         summary[r["verdict"]] += 1
@@ -216,4 +228,7 @@ def validate_record(rec: Any) -> list[str]:
         problems.append(f"verdict {rec['verdict']!r}")
     if rec["hint"] is not None and rec["hint"] not in HINTS:
         problems.append(f"hint {rec['hint']!r}")
+    size = rec.get("size_bytes")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        problems.append(f"size_bytes {size!r}")
     return problems
