@@ -1,7 +1,7 @@
 """Host documents as the agent writes them, for report tests and the report benchmark.
 
 GPU hosts are built with the agent's own record builders (schema.record/figure/host_report,
-nccl.pair_records) and the built-in H200 profile, around the figures measured on the 2x H200
+pairs.pair_records) and the built-in H200 profile, around the figures measured on the 2x H200
 reference machine (../shared/reference/gpu-figures.md; bench/README.md): so each record has
 the shape, units, limits, hints and details a real run gives. The host with no GPU is a
 recorded run (`umprov verify --local --json --expected-gpus 2` on a machine without a GPU):
@@ -17,7 +17,7 @@ import random
 import time
 from pathlib import Path
 
-from umprov.verify.agent.nccl import pair_records
+from umprov.verify.agent.pairs import pair_records
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
 from umprov.verify.agent.schema import figure, host_report, record
 

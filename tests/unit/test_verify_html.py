@@ -183,3 +183,21 @@ def test_an_empty_run_and_every_schema_shape_render():
     failed = report.failed_host_report("gone", "agent.connect", "unreachable: no route")
     out = html.render([failed])
     assert "UNREACHABLE" in out and "gone" in out
+
+
+def test_a_recorded_h200_run_renders_every_figure_and_its_timeline():
+    """A real full run of the agent on a 1-GPU H200 (bench/verify_h200.py, 2026-12-02): every
+    figure it measured is plotted, its children's phases are on the timeline, nothing fails."""
+    import json
+
+    doc = json.loads((fleet_docs.DATA / "h200-1gpu-full.json").read_text())
+    page = html.render([doc])
+    tags = parse(page)
+    assert doc["verdict"] == "pass" and "Every check passed on every host." in page
+    measured = {r["check"] for r in doc["records"]
+                if isinstance(r["measured"], (int, float)) and r["limit"] is not None}
+    assert measured and all(check in page for check in measured)
+    children = {t["child"] for t in doc["timings"] if t.get("child")}
+    assert children and all(child in page for child in children)
+    assert any(name == "svg" for name, _attrs in tags.tags)
+    assert not re.search(r"(src|href)=\"https?:", page)

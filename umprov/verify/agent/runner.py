@@ -122,11 +122,36 @@ def open_gate(path: str) -> None:
         pass
 
 
+def bytecode_cache() -> str | None:
+    """A private folder for the children's compiled bytecode, or None where none is safe.
+
+    Each child imports torch; from source that is 4 s (torch._dynamo, which DDP pulls in,
+    another 4), from bytecode 2. Images often ship torch without bytecode and forbid writing
+    it (PYTHONDONTWRITEBYTECODE=1, a read-only site-packages): measured on an H200 host, a full
+    run took 9.3 s that way and 7.5 s with this cache. Python checks each cached file against
+    its source, and the folder must be this user's alone: bytecode in it is run."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    top = os.path.join(base, "umprov-agent")
+    path = os.path.join(top, "pycache")
+    try:
+        for folder in (top, path):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            st = os.stat(folder)
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+    except OSError:
+        return None
+    return path
+
+
 def child_env(extra: dict[str, str] | None = None, threads: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in MULTICAST_OFF.items():
         env.setdefault(key, value)  # set where absent; a value already there is left alone
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if "PYTHONPYCACHEPREFIX" not in env and (cache := bytecode_cache()):
+        env["PYTHONPYCACHEPREFIX"] = cache  # bytecode only there, never beside the sources
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     if threads:
         env.setdefault("OMP_NUM_THREADS", str(threads))
     if extra:

@@ -105,6 +105,9 @@ PHASES = (("container_s", "container"), ("startup_s", "start-up"),
 
 def timeline(doc: dict) -> str:
     """The agent's children (their checks in order, as recorded), or a multi-node run's phases."""
+    timings = doc.get("timings")
+    if isinstance(timings, list) and timings:
+        return _phases(timings)
     walls = doc.get("children_wall_s") or {}
     if isinstance(walls, dict) and walls:
         return _children(walls, doc.get("timeline") or {})
@@ -117,6 +120,18 @@ def timeline(doc: dict) -> str:
         items.append(svg.Bar(label, start, float(secs), "phase", f"{label}: {fmt(secs)} s"))
         start += float(secs)
     return svg.bars("Where the time went (phases in order)", [p for p, _s in phases], items)
+
+
+def _phases(timings: list) -> str:
+    """The agent's ``timings``: each phase of each process where it ran, waits included."""
+    rows = [t for t in timings if isinstance(t, dict) and numeric(t.get("start_s"))
+            and numeric(t.get("seconds"))]
+    names = sorted({str(t.get("child") or "agent") for t in rows}, key=_child_order)
+    items = [svg.Bar(str(t.get("child") or "agent"), float(t["start_s"]), float(t["seconds"]),
+                     "check" + (" alt" if i % 2 else ""),
+                     f"{t.get('name', '?')}: {fmt(t['seconds'])} s from {fmt(t['start_s'])} s")
+             for i, t in enumerate(rows)]
+    return svg.bars("Processes: each phase where it ran (wall time)", names, items)
 
 
 def _children(walls: dict, lines: dict) -> str:
@@ -141,7 +156,8 @@ def _children(walls: dict, lines: dict) -> str:
 def _child_order(name: str) -> tuple[int, int, str]:
     kind = name.rstrip("0123456789")
     digits = name[len(kind):]
-    return ({"discover": 0, "gpu": 1, "nccl": 2}.get(kind, 3), int(digits or 0), name)
+    order = {"agent": 0, "monitor": 1, "discover": 2, "gpu": 3, "nccl": 4}
+    return (order.get(kind, 5), int(digits or 0), name)
 
 
 def records(doc: dict) -> str:
