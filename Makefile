@@ -8,10 +8,11 @@ LAB ?= demo
 HOSTS ?= 2
 PYTEST_ARGS ?=
 # Test files side by side (pytest-xdist), a file per worker: a lab module's hosts are its module
-# fixtures. 0 runs them in one process. 6 workers on a 2-core machine (2026-12-01) pushed the
-# load past 20 and the deploy, multinode and secrets set-ups past pytest's 900 s timeout, so the
-# default stays 0 until the lab set-ups are shared (docs/architecture.md, "Tests").
-WORKERS ?= 0
+# fixtures. Two workers on a 2-core machine: the lab tier mostly waits (sshd, apt, image
+# streams), so a second file fills the gaps; 6 (2026-12-01) pushed the load past 20 and set-ups
+# past pytest's timeout. The Docker-converged host snapshot (tests/lab/conftest.py) took the
+# longest set-ups down. WORKERS=0 runs them in one process.
+WORKERS ?= 2
 SIDE_BY_SIDE := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help venv sysdeps demo test test-unit test-lab test-gpu lint lab-up lab-down bench clean
