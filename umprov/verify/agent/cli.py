@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 from .burnin import parse_duration
 from .profiles import BUILTIN_PROFILES
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--managed-mib", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--list-profiles", action="store_true", help="print the profiles as JSON")
+    p.add_argument("--passive", action="store_true",
+                   help="reads only, seconds, safe beside a running job: GPU count, driver, "
+                   "ECC and row remapping, clock slowdowns, Xids, NVLink links (no torch, no CUDA)")
     # internal: how the agent starts its own children
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--child-opts", help=argparse.SUPPRESS)
@@ -120,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(BUILTIN_PROFILES, indent=2))
         return 0
     prog = prog_name()
+    if args.passive and (args.quick or args.duration != "0" or args.exclusive):
+        print(f"{prog}: --passive takes no --quick, --duration or --exclusive", file=sys.stderr)
+        return EXIT_USAGE
     if not args.json:
         print(f"{prog}: --json OUT is required", file=sys.stderr)
         return EXIT_USAGE
@@ -131,18 +138,30 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{prog}: --duration: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from .host import Agent
-
     try:
-        agent = Agent(args)
+        run = prepare(args)
     except (OSError, ValueError) as exc:
         print(f"{prog}: profile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    doc = agent.run()
+    doc = run()
     write_report(args.json, doc)
     if not args.quiet:
         print("\n".join(summary_lines(doc)), file=sys.stderr)
     return int(doc["exit_code"])
+
+
+def prepare(args: argparse.Namespace) -> Callable[[], dict]:
+    """What gives the host report: a passive or an active run; OSError/ValueError for a
+    profile that cannot be read or does not exist."""
+    if args.passive:
+        from .passive import passive_report
+        from .profiles import profiles_for
+
+        profiles, forced = profiles_for(args.profile_file, args.profile)
+        return lambda: passive_report(args.expected_gpus, profiles, forced)
+    from .host import Agent
+
+    return Agent(args).run
 
 
 def write_report(path: str, doc: dict) -> None:

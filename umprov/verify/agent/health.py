@@ -24,13 +24,14 @@ def gpu_health(gc: GpuChild) -> None:
     info = gc.nv.info(gc.uuid, gc.pci, gc.dev)
     gc.em.facts(**{f"nvml_gpu{gc.dev}": info})
     lim = gc.profile.get("limits", {})
-    _ecc(gc.rec, info, lim)
+    ecc(gc.rec, info, lim)
     _pcie_link(gc.rec, info, gc.samples)
-    _throttle(gc.rec, gc.samples)
+    throttle(gc.rec, gc.samples)
     temperature(gc.rec, info, gc.samples, lim)
 
 
-def _ecc(rec: Rec, info: dict, lim: dict) -> None:
+def ecc(rec: Rec, info: dict, lim: dict) -> None:
+    """Uncorrectable ECC errors since the driver loaded, row remapping (or page retirement)."""
     unc = info.get("ecc_uncorrected_volatile")
     if info.get("ecc_enabled") is False:
         rec("ecc.mode", "warn", measured="disabled", detail="ECC is off on this GPU",
@@ -90,8 +91,8 @@ def throttle_names(mask: int | None) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS if int(mask or 0) & bit]
 
 
-def _throttle(rec: Rec, samples: list[dict]) -> None:
-    """Clock event (throttle) reasons seen while busy."""
+def throttle(rec: Rec, samples: list[dict], when: str = "under load") -> None:
+    """Clock event (throttle) reasons seen in the samples (while busy, or one reading now)."""
     masks = [s.get("throttle_mask") for s in samples if s.get("throttle_mask") is not None]
     if not masks:
         rec("gpu.throttle", "skip", detail="clock event reasons not reported")
@@ -105,7 +106,7 @@ def _throttle(rec: Rec, samples: list[dict]) -> None:
     verdict = "fail" if hard else ("warn" if soft else "pass")
     rec("gpu.throttle", verdict, measured=hex(mask),
         hint="cooling" if mask & 0x60 else "power",
-        detail=f"clock event reasons under load: {', '.join(names) or 'none'}")
+        detail=f"clock event reasons {when}: {', '.join(names) or 'none'}")
 
 
 def temperature(rec: Rec, info: dict, samples: list[dict], lim: dict,
@@ -157,8 +158,12 @@ def _versions(rec: Rec, disc: dict, pre: dict) -> None:
 def _gpu_count(rec: Rec, disc: dict, pre: dict, exp: int | None) -> None:
     count = len(disc["devices"])
     nvml_count = (disc.get("nvml") or {}).get("count")
-    detail = f"torch sees {count}; NVML sees {nvml_count}; /dev nodes " \
-             f"{len(pre.get('device_nodes') or [])}"
+    gpu_count(rec, count, exp, f"torch sees {count}; NVML sees {nvml_count}; /dev nodes "
+              f"{len(pre.get('device_nodes') or [])}")
+
+
+def gpu_count(rec: Rec, count: int, exp: int | None, detail: str) -> None:
+    """The GPUs seen against the inventory's expectation (umprov_expected_gpus)."""
     if exp is None:
         rec("host.gpu_count", "pass", measured=count, unit="GPUs",
             detail=detail + "; no expected count given")

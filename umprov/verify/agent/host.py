@@ -31,7 +31,7 @@ from .monitor import found_xids, monitor_records, new_xids
 from .pairs import pair_records
 from .precheck import guess_gpu_count, no_gpu_reasons, precheck
 from .processes import annotate_throughput
-from .profiles import BUILTIN_PROFILES, load_profile_file, merge_profiles, select_profile
+from .profiles import profiles_for, select_profile
 from .runner import Child, child_env, open_gate, self_command, wait_all
 from .samples import by_gpu, progress_line
 from .schema import host_report, record
@@ -56,13 +56,7 @@ class Agent:
         self.monitor: Child | None = None
         self.pids: set[int] = {os.getpid()}  # this run's processes (left out of gpu.processes)
         self.next_progress = 0.0
-        overrides: dict = {}
-        if args.profile_file:
-            overrides = load_profile_file(args.profile_file)
-        self.profiles = merge_profiles(BUILTIN_PROFILES, overrides)
-        self.forced = args.profile or overrides.get("profile")
-        if self.forced and self.forced not in self.profiles:
-            raise ValueError(f"profile {self.forced!r} does not exist")
+        self.profiles, self.forced = profiles_for(args.profile_file, args.profile)
         self.profile = self.profiles["generic"]
 
     def host(self, check: str, verdict: str, **kw: Any) -> None:

@@ -14,7 +14,7 @@ from .libnvml import MAX_LINKS, NVLINK_COUNTERS, LibNvml, NvmlError
 # nvmlTemperatureSensors_t, nvmlTemperatureThresholds_t, nvmlClockType_t, ECC counters
 GPU_SENSOR, THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN = 0, 0, 1
 CLOCK_SM, CLOCK_MEM = 1, 2
-ECC_CORRECTED, ECC_UNCORRECTED, ECC_VOLATILE = 0, 1, 0
+ECC_CORRECTED, ECC_UNCORRECTED, ECC_VOLATILE, ECC_AGGREGATE = 0, 1, 0, 1
 NVLINK_SWITCH = 2  # nvmlIntNvLinkDeviceType_t
 
 
@@ -119,6 +119,8 @@ class Nvml:
         ecc = _try(n.ecc_mode, h)
         out["ecc_enabled"] = None if ecc is None else bool(ecc)
         out.update(self.ecc_counts(h))
+        out["ecc_uncorrected_aggregate"] = _try(n.ulonglong, "nvmlDeviceGetTotalEccErrors", h,
+                                                ECC_UNCORRECTED, ECC_AGGREGATE)
         rows = _try(n.remapped_rows, h)
         out["remap_pending"] = None if rows is None else bool(rows[2])
         out["remap_failure"] = None if rows is None else bool(rows[3])
@@ -250,6 +252,7 @@ class Nvml:
         "temp_slowdown_c": ("temperature.gpu.tlimit", None),
         "ecc_enabled": ("ecc.mode.current", lambda v: v.lower() == "enabled"),
         "ecc_uncorrected_volatile": ("ecc.errors.uncorrected.volatile.total", int),
+        "ecc_uncorrected_aggregate": ("ecc.errors.uncorrected.aggregate.total", int),
         "remap_pending": ("remapped_rows.pending", lambda v: v.lower() in ("yes", "1")),
         "remap_failure": ("remapped_rows.failure", lambda v: v.lower() in ("yes", "1")),
         "retired_pending": ("retired_pages.pending", lambda v: v.lower() in ("yes", "1")),

@@ -280,3 +280,15 @@ def judge(
         expected,
         f"below {warn_limit:.3g} ({w:g} x expected {expected:g})",
     )
+
+
+def profiles_for(profile_file: str | None,
+                 profile: str | None) -> tuple[dict[str, dict], str | None]:
+    """(the profiles, the forced profile's name or None) from the agent's --profile-file and
+    --profile; ValueError when the forced profile does not exist, OSError for the file."""
+    overrides = load_profile_file(profile_file) if profile_file else {}
+    profiles = merge_profiles(BUILTIN_PROFILES, overrides)
+    forced = profile or overrides.get("profile")
+    if forced and forced not in profiles:
+        raise ValueError(f"profile {forced!r} does not exist")
+    return profiles, forced

@@ -7,7 +7,9 @@ returns an nvmlReturn_t code. The GPUs it shows come from a JSON-able descriptio
                "links": [true, ...] or null (no NVLink),
                "errors": {"replay": [per link], "crc_flit": [...], ...},
                "temperature": 40, "power_mw": 300000, "throttle": 4,
-               "memory": [total, free, used], "ecc": [uncorrected, corrected]}]}
+               "memory": [total, free, used], "ecc": [uncorrected, corrected],
+               "ecc_aggregate": [uncorrected, corrected] (default: "ecc"),
+               "remap": [correctable rows, uncorrectable rows, pending, failure]}]}
 
 ``bump(kind, link, by)`` makes the counters of every GPU grow (a flaky link during a run).
 """
@@ -136,8 +138,24 @@ class FakeNvmlLib:
         return SUCCESS
 
     def nvmlDeviceGetTotalEccErrors(self, h: Any, etype: Any, ctype: Any, ptr: Any) -> int:
-        unc, cor = self._gpu(h).get("ecc", [0, 0])
+        gpu = self._gpu(h)
+        volatile = gpu.get("ecc", [0, 0])
+        unc, cor = gpu.get("ecc_aggregate", volatile) if ctype.value == 1 else volatile
         _set(ptr, unc if etype.value == 1 else cor)
+        return SUCCESS
+
+    def nvmlDeviceGetEccMode(self, h: Any, current: Any, pending: Any) -> int:
+        _set(current, 1)
+        _set(pending, 1)
+        return SUCCESS
+
+    def nvmlDeviceGetRemappedRows(self, h: Any, *ptrs: Any) -> int:
+        """[correctable rows, uncorrectable rows, pending, failure]; null: NOT_SUPPORTED."""
+        remap = self._gpu(h).get("remap", [0, 0, 0, 0])
+        if remap is None:
+            return NOT_SUPPORTED
+        for ptr, value in zip(ptrs, remap, strict=True):
+            _set(ptr, value)
         return SUCCESS
 
     def bump(self, kind: str, link: int, by: int) -> None:
