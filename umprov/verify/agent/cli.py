@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--passive", action="store_true",
                    help="reads only, seconds, safe beside a running job: GPU count, driver, "
                    "ECC and row remapping, clock slowdowns, Xids, NVLink links (no torch, no CUDA)")
+    add_scheduler_options(p)
     # internal: how the agent starts its own children
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--child-opts", help=argparse.SUPPRESS)
@@ -51,6 +52,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--net-info", nargs="?", const="", metavar="TARGET", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def add_scheduler_options(p: argparse.ArgumentParser) -> None:
+    """Check this node, then drain, resume or leave it in the scheduler (docs/slurm.md)."""
+    g = p.add_argument_group("scheduler", "check, then act on the scheduler (docs/slurm.md)")
+    what = g.add_mutually_exclusive_group()
+    what.add_argument("--slurm-health", action="store_true",
+                      help="health check: drain on a failing check, resume what umprov drained")
+    what.add_argument("--slurm-gate", action="store_true",
+                      help="a rolling change's gate: as --slurm-health, and a pass ends its hold")
+    what.add_argument("--slurm-hold", metavar="TEXT",
+                      help="hold the node for a change (drain, reason 'umprov: rolling TEXT')")
+    g.add_argument("--if-held", action="store_true",
+                   help="with --slurm-hold: only relabel a hold, never drain a node in service")
+    g.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="with --slurm-hold: wait up to S seconds for the node's jobs to end")
+    g.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
+    g.add_argument("--active-when-idle", action="store_true",
+                   help="active checks when no job holds the node, else the passive ones")
+    g.add_argument("--container", metavar="NAME", help="run active checks in this container")
+    g.add_argument("--report", metavar="FILE", help="judge this host report, run no checks")
+    g.add_argument("--node", metavar="NAME", help="the node's name (default: SLURMD_NODENAME, "
+                   "else the short host name)")
+    g.add_argument("--dry-run", action="store_true", help="decide and say, change nothing")
+    g.add_argument("--scheduler", choices=("slurm", "hooks"), default="slurm")
+    g.add_argument("--drain-command", metavar="CMD", help="hooks: drain (UMPROV_NODE, "
+                   "UMPROV_REASON in its environment)")
+    g.add_argument("--resume-command", metavar="CMD", help="hooks: resume")
+    g.add_argument("--jobs-command", metavar="CMD", help="hooks: print the node's job ids")
+    g.add_argument("--marker", metavar="FILE", help=argparse.SUPPRESS)
 
 
 def summary_lines(doc: dict) -> list[str]:
@@ -124,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(BUILTIN_PROFILES, indent=2))
         return 0
     prog = prog_name()
+    acting = args.slurm_health or args.slurm_gate or args.slurm_hold is not None
     if args.passive and (args.quick or args.duration != "0" or args.exclusive):
         print(f"{prog}: --passive takes no --quick, --duration or --exclusive", file=sys.stderr)
         return EXIT_USAGE
-    if not args.json:
+    if not args.json and not acting:
         print(f"{prog}: --json OUT is required", file=sys.stderr)
         return EXIT_USAGE
     if args.timeout <= 0 or (args.expected_gpus is not None and args.expected_gpus < 0):
@@ -138,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{prog}: --duration: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if acting:
+        from .nodehealth import main as node_main
+
+        return node_main(args)
     try:
         run = prepare(args)
     except (OSError, ValueError) as exc:
