@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 @inventory_options()
 @click.option("--local", is_flag=True, help="Verify this machine (runs the agent here).")
 @click.option("--quick", is_flag=True, help="The fast subset: seconds, no bandwidth verdicts.")
+@click.option("--passive", is_flag=True, help="Reads only, safe beside a running job: GPU count, "
+              "driver, ECC and row remapping, clock slowdowns, Xids, NVLink links (no CUDA).")
 @click.option("--limit", "-l", "--hosts", "limit", metavar="PATTERN",
               help="Only hosts or groups matching (--hosts is the same).")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -64,6 +66,7 @@ def verify(
     inventory: InventoryRequest,
     local: bool,
     quick: bool,
+    passive: bool,
     limit: str | None,
     junit: Path | None,
     prometheus: Path | None,
@@ -93,6 +96,7 @@ def verify(
     \b
     umprov verify --local                       this machine
     umprov verify inventory/hosts.yml --quick   every host's deployed container, in parallel
+    umprov verify hosts --passive               reads only, beside running jobs (seconds)
     umprov verify hosts --image nvcr.io/nvidia/pytorch:25.01-py3 --junit verify.xml
     umprov verify hosts --prometheus /var/lib/node_exporter/textfile
     umprov verify hosts --html verify.html      a page to look at; umprov report: trends
@@ -117,6 +121,9 @@ def verify(
         from umprov.deploy.options import check_image
 
         check_image(image)
+    if passive and (quick or seconds or exclusive or multi_node):
+        raise ConfigError("--passive reads only: --quick, --duration, --exclusive and "
+                          "--multi-node do not apply")
     if python and not local:
         raise ConfigError("--python applies to --local only")
     if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"):
@@ -141,11 +148,12 @@ def verify(
     elif local:
         docs = [run_local(quick=quick, timeout=timeout, expected_gpus=expected_gpus,
                           overrides=overrides, python=python, duration=seconds,
-                          exclusive=exclusive)]
+                          exclusive=exclusive, passive=passive)]
     else:
         docs = run_inventory(inventory, limit=limit, quick=quick, timeout=timeout,
                              expected_gpus=expected_gpus, overrides=overrides, image=image,
-                             trust_new=trust_new_hosts, duration=seconds, exclusive=exclusive)
+                             trust_new=trust_new_hosts, duration=seconds, exclusive=exclusive,
+                             passive=passive)
     elapsed = time.monotonic() - started
     keep_history(docs)
     if html_path:
@@ -181,7 +189,8 @@ def keep_history(docs: list[dict]) -> None:
 
 def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool, timeout: float,
                   expected_gpus: int | None, overrides: dict[str, Any], image: str | None,
-                  trust_new: bool, duration: float = 0.0, exclusive: bool = False) -> list[dict]:
+                  trust_new: bool, duration: float = 0.0, exclusive: bool = False,
+                  passive: bool = False) -> list[dict]:
     from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
     from umprov.verify.remote import VerifyOptions, verify_hosts
@@ -189,7 +198,7 @@ def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool
     hosts = list(load_inventory(inventory).select(limit))
     opts = VerifyOptions(quick=quick, timeout=timeout, expected_gpus=expected_gpus, image=image,
                          profile=overrides or None, trust_new=trust_new, duration=duration,
-                         exclusive=exclusive)
+                         exclusive=exclusive, passive=passive)
     with HostProgress([h.name for h in hosts]) as progress:
         return verify_hosts(hosts, opts, progress=progress)
 

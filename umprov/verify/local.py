@@ -17,7 +17,7 @@ from typing import Any
 
 def run_local(*, quick: bool, timeout: float, expected_gpus: int | None,
               overrides: dict[str, Any], python: str | None = None, duration: float = 0.0,
-              exclusive: bool = False) -> dict:
+              exclusive: bool = False, passive: bool = False) -> dict:
     """Run the agent's zipapp here as a subprocess of ``python``; its checked report."""
     import socket
 
@@ -30,7 +30,7 @@ def run_local(*, quick: bool, timeout: float, expected_gpus: int | None,
     with tempfile.TemporaryDirectory(prefix="umprov-verify-") as tmp:
         out = Path(tmp) / "report.json"
         argv = [interpreter, str(agent_zipapp()), "--quiet", "--json", str(out),
-                *agent_flags(quick, timeout, duration, exclusive)]
+                *agent_flags(quick, timeout, duration, exclusive, passive)]
         if expected_gpus is not None:
             argv += ["--expected-gpus", str(expected_gpus)]
         if overrides:

@@ -132,9 +132,14 @@ class VerifyOptions:
     trust_new: bool = False
     duration: float = 0.0  # burn-in seconds (--duration)
     exclusive: bool = False
+    passive: bool = False  # reads only, beside running jobs (--passive)
+
+    @property
+    def mode(self) -> str:
+        return "passive" if self.passive else "quick" if self.quick else "full"
 
     def agent_args(self, host_vars: Mapping[str, Any]) -> list[str]:
-        args = agent_flags(self.quick, self.timeout, self.duration, self.exclusive)
+        args = agent_flags(self.quick, self.timeout, self.duration, self.exclusive, self.passive)
         expected = self.expected_gpus
         if expected is None and host_vars.get("umprov_expected_gpus") is not None:
             expected = int(host_vars["umprov_expected_gpus"])
@@ -151,9 +156,10 @@ class VerifyOptions:
         return self.timeout * 3 + 120 + self.duration
 
 
-def agent_flags(quick: bool, timeout: float, duration: float, exclusive: bool) -> list[str]:
+def agent_flags(quick: bool, timeout: float, duration: float, exclusive: bool,
+                passive: bool = False) -> list[str]:
     """The agent options every way of running it shares (here and umprov.verify.local)."""
-    args = ["--timeout", str(timeout)]
+    args = ["--timeout", str(timeout), *(["--passive"] if passive else [])]
     if quick:
         args.append("--quick")
     if duration:
@@ -194,7 +200,7 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
                 cancel: threading.Event | None = None, clients: list[Any] | None = None) -> dict:
     from umprov.hosts.engine import connection_lost, docker_client
 
-    mode = "quick" if opts.quick else "full"
+    mode = opts.mode
     client = None
     try:
         progress(host.name, "connecting")
