@@ -1,0 +1,152 @@
+"""The slurm_gpu_health role's own logic, rendered by Ansible's templar from the role's files:
+the health check program (run, with a stand-in Python that records what the agent was given),
+the slurm.conf block and the check for settings made outside it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "slurm_gpu_health"
+
+
+def render(text: str, variables: dict[str, Any]) -> Any:
+    from ansible.template import Templar, trust_as_template
+
+    return Templar(loader=None, variables=variables).template(trust_as_template(text))
+
+
+def role_vars(**overrides: Any) -> dict[str, Any]:
+    """defaults/main.yml, vars/main.yml and the overrides, as the role sees them."""
+    from ansible.template import trust_as_template
+
+    found: dict[str, Any] = {}
+    for part in ("defaults", "vars"):
+        for key, value in yaml.safe_load((ROLE / part / "main.yml").read_text()).items():
+            found[key] = trust_as_template(value) if isinstance(value, str) else value
+    return {**found, "ansible_managed": "Ansible managed", "inventory_hostname": "gpu07",
+            **overrides}
+
+
+@pytest.fixture
+def program(tmp_path):
+    """Write the health check program for some variables; run it, as slurmd would, by a name.
+    Returns (exit code, the agent's arguments)."""
+    python = tmp_path / "python3"
+    python.write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" > "$(dirname "$0")/argv"\n'
+                      'exit "${AGENT_RC:-0}"\n')
+    python.chmod(0o755)
+
+    def run(variables: dict[str, Any], *args: str, name: str = "umprov-gpu-health",
+            agent_rc: int = 0) -> tuple[int, list[str]]:
+        text = render((ROLE / "templates" / "umprov-gpu-health.j2").read_text(),
+                      role_vars(slurm_gpu_health_python=str(python), **variables))
+        script = tmp_path / name
+        script.write_text(text)
+        script.chmod(0o755)
+        proc = subprocess.run([str(script), *args], env={"AGENT_RC": str(agent_rc),
+                                                         "PATH": "/usr/bin:/bin"}, timeout=10)
+        return proc.returncode, (tmp_path / "argv").read_text().splitlines()
+
+    return run
+
+
+def test_slurm_runs_the_health_check_active_when_idle_by_default(program):
+    rc, argv = program({"umprov_expected_gpus": 8})
+    assert rc == 0
+    assert argv == ["/opt/umprov/agent.pyz", "--scheduler", "slurm", "--expected-gpus", "8",
+                    "--slurm-health", "--active-when-idle", "--quick"]
+
+
+def test_with_active_checks_elsewhere_the_health_check_stays_passive(program):
+    _, argv = program({"slurm_gpu_health_active": "epilog"})
+    assert argv[-2:] == ["--slurm-health", "--passive"]
+
+
+def test_as_epilog_the_active_checks_run_and_slurm_is_never_told_to_drain(program):
+    variables = {"slurm_gpu_health_active": "epilog", "slurm_gpu_health_active_quick": False,
+                 "slurm_gpu_health_container": "umprov"}
+    rc, argv = program(variables, name="umprov-gpu-health-epilog", agent_rc=13)
+    assert rc == 0  # the agent drained the node with its own reason
+    assert argv == ["/opt/umprov/agent.pyz", "--scheduler", "slurm", "--container", "umprov",
+                    "--slurm-health"]
+
+
+@pytest.mark.parametrize(("agent_rc", "rc"), [(13, 1), (12, 0), (0, 0)])
+def test_as_prolog_a_failing_check_stops_the_job(program, agent_rc, rc):
+    got, _ = program({"slurm_gpu_health_active": "prolog"}, name="umprov-gpu-health-prolog",
+                     agent_rc=agent_rc)
+    assert got == rc
+
+
+def test_arguments_go_to_the_agent_and_hook_commands_arrive_whole(program):
+    hooks = {"slurm_gpu_health_scheduler": "hooks",
+             "slurm_gpu_health_drain_command": "k8s-cordon \"$UMPROV_NODE\" 'x y'"}
+    rc, argv = program(hooks, "--slurm-gate", "--passive", agent_rc=13)
+    assert rc == 13
+    assert argv == ["/opt/umprov/agent.pyz", "--scheduler", "hooks", "--drain-command",
+                    "k8s-cordon \"$UMPROV_NODE\" 'x y'", "--slurm-gate", "--passive"]
+
+
+# -- slurm.conf
+def conf_vars(text: str, **overrides: Any) -> dict[str, Any]:
+    content = base64.b64encode(text.encode()).decode()
+    return role_vars(__slurm_gpu_health_conf={"content": content}, **overrides)
+
+
+BLOCK = ("# BEGIN umprov slurm_gpu_health (Ansible)\nHealthCheckProgram=/usr/local/sbin/"
+         "umprov-gpu-health\nHealthCheckInterval=300\n# END umprov slurm_gpu_health (Ansible)\n")
+
+
+@pytest.mark.parametrize(("text", "active", "clash"), [
+    ("ClusterName=lab\n" + BLOCK, "idle", []),  # its own block is not a clash
+    ("ClusterName=lab\n#HealthCheckProgram=/usr/sbin/nhc\n", "idle", []),  # a comment
+    ("ClusterName=lab\nhealthcheckprogram = /usr/sbin/nhc\n", "idle", ["healthcheckprogram"]),
+    ("Epilog=/etc/slurm/epilog.sh\n" + BLOCK, "idle", []),  # not set by the role with idle
+    ("Epilog=/etc/slurm/epilog.sh\n" + BLOCK, "epilog", ["Epilog"]),
+])
+def test_settings_made_outside_the_block_are_found(text, active, clash):
+    variables = conf_vars(text, slurm_gpu_health_active=active)
+    assert render("{{ __slurm_gpu_health_conf_clash }}", variables) == clash
+
+
+def test_the_block_names_the_program_and_the_epilog_link():
+    tasks = yaml.safe_load((ROLE / "tasks" / "slurm-conf.yml").read_text())
+    (write,) = [t for t in tasks if "ansible.builtin.blockinfile" in t]
+    variables = role_vars(slurm_gpu_health_active="epilog", slurm_gpu_health_interval=60)
+    block = render(write["ansible.builtin.blockinfile"]["block"], variables)
+    assert block.splitlines() == ["HealthCheckProgram=/usr/local/sbin/umprov-gpu-health",
+                                  "HealthCheckInterval=60", "HealthCheckNodeState=ANY",
+                                  "Epilog=/usr/local/sbin/umprov-gpu-health-epilog"]
+    idle = render(write["ansible.builtin.blockinfile"]["block"], role_vars())
+    assert "Epilog" not in idle and "Prolog" not in idle
+
+
+def test_the_agent_comes_from_the_given_path_or_the_build():
+    assert render("{{ __slurm_gpu_health_agent_path }}",
+                  role_vars(slurm_gpu_health_agent_src="/tmp/a.pyz")) == "/tmp/a.pyz"
+    built = {"stdout_lines": ["/root/.local/state/umprov/agent/agent-0123.pyz"]}
+    assert render("{{ __slurm_gpu_health_agent_path }}",
+                  role_vars(__slurm_gpu_health_built=built)).endswith("agent-0123.pyz")
+
+
+def test_the_build_command_gives_the_zipapp_path(tmp_path):
+    """The controller-side build the role runs when given no agent: its own command line."""
+    import sys
+
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    (build,) = [t for t in tasks if t["name"].startswith("Build the verifier agent")]
+    argv = build["ansible.builtin.command"]["argv"]
+    proc = subprocess.run([sys.executable, *argv[1:3], str(ROLE.parents[1])], capture_output=True,
+                          text=True, timeout=60,
+                          env={"UMPROV_STATE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0 and path.suffix == ".pyz" and path.is_file()
+    assert json.loads(subprocess.run([sys.executable, str(path), "--list-profiles"],
+                                     capture_output=True, text=True, timeout=60).stdout)
