@@ -36,6 +36,15 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
         "raise the memlock and stack limits NCCL wants in umprov's containers (default true; "
         "needs CAP_SYS_RESOURCE, which the lab's hosts lack)",
     ),
+    # playbooks/rolling.yml (docs/slurm.md); the first three only with -e (Ansible's serial)
+    "umprov_rolling_canary": ("int", "hosts in the rollout's first (canary) batch; default 1"),
+    "umprov_rolling_batch": ("str", "hosts in each later batch: a count or a percent; 25%"),
+    "umprov_rolling_max_fail_percentage": ("int", "failed hosts of a batch that stop it; 0"),
+    "umprov_rolling_roles": ("list", "the roles a rolling change runs on each host"),
+    "umprov_rolling_verify": ("str", "the gate after the change: passive, quick or full"),
+    "umprov_rolling_drain_timeout": ("int", "seconds to wait for a held node's jobs; 3600"),
+    "umprov_rolling_skip_current": ("bool", "leave hosts already at the target alone; true"),
+    "umprov_rolling_reason": ("str", "what the hold reason names; default 'driver change'"),
 }
 
 # Prefixes that mark a variable as umprov's: umprov_ plus each role's name.
