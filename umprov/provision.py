@@ -274,12 +274,14 @@ def run_playbook(
     on_event: EventSink | None = None,
     cancel: threading.Event | None = None,
     strategy: str = "auto",
+    on_raw: Callable[[dict[str, Any]], None] | None = None,
 ) -> ProvisionResult:
     """Run a playbook from playbooks/ against an inventory and collect per-host results.
 
     ``extra`` is every -e in order (provision_args.parse_extra), ``extra_vars`` pairs after
     them; ``become_password`` answers become (sudo) prompts. Hosts whose SSH key OpenSSH
     refused are "untrusted", with the message every umprov command gives for that key.
+    ``on_raw`` sees every ansible-runner event as it arrives (umprov.rolling reads them).
     """
     root = project_dir()
     play_path = root / "playbooks" / playbook
@@ -297,7 +299,7 @@ def run_playbook(
                                  become_password=become_password)
         runner, results = _run(private, play_path, inventory, limit, options,
                                child_settings(root, inventory, strategy_env),
-                               cancel or threading.Event(), on_event)
+                               cancel or threading.Event(), on_event, on_raw)
     if (
         runner.status in {"failed", "error"}
         and not any(r.failed or r.unreachable for r in results.values())
@@ -330,6 +332,7 @@ def _run(
     envvars: dict[str, str],
     cancel: threading.Event,
     on_event: EventSink | None,
+    on_raw: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[Any, dict[str, HostCounts]]:
     """ansible-playbook through ansible-runner; its events to ``on_event`` as they come."""
     results: dict[str, HostCounts] = {}
@@ -351,6 +354,8 @@ def _run(
                 continue
             if event is None:
                 break
+            if on_raw:
+                on_raw(event)
             _consume(event, results, on_event)
     except BaseException:  # Ctrl-C, SIGTERM (raised by the CLI's handler) or a crash here
         _stop_playbook(thread, cancel, runner)

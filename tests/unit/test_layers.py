@@ -29,6 +29,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "image.py": HOSTS,
     "provision.py": HOSTS | {"umprov.inventory", "umprov.procs", "umprov.provision_args"},
     "provision_args.py": HOSTS | {"umprov.inventory"},
+    "rolling.py": HOSTS | {"umprov.provision"},
     "deploy/": HOSTS | {"umprov.inventory", "umprov.deploy", "umprov.image"},
     "status.py": HOSTS | {"umprov.inventory", "umprov.deploy"},
     "verify/agent/": {"umprov.verify.agent"},

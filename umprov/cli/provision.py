@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,7 +11,7 @@ from umprov.hosts import render
 from umprov.output import emit_json, print_outcomes, say, say_untrusted
 
 if TYPE_CHECKING:
-    from umprov.inventory import InventoryRequest
+    from umprov.inventory import Inventory, InventoryRequest
 
 ONLY = ("preflight", "driver", "docker", "toolkit")
 COLUMNS: list[render.Field] = [
@@ -55,6 +55,19 @@ COLUMNS: list[render.Field] = [
     help="Ansible strategy: mitogen (faster; needs the mitogen package), linear (Ansible's own, "
     "tuned), auto (mitogen when installed, else linear).",
 )
+@click.option("--rolling", is_flag=True, help="Roll the driver/toolkit change over the hosts in "
+              "batches, each host drained, changed, verified and resumed only on a pass "
+              "(playbooks/rolling.yml; docs/slurm.md).")
+@click.option("--canary", type=click.IntRange(min=1), metavar="N",
+              help="With --rolling: hosts in the first batch (default 1).")
+@click.option("--batch", metavar="N|N%",
+              help="With --rolling: hosts in each later batch, a count or a percent (default 25%).")
+@click.option("--max-fail-percent", "max_fail", type=click.IntRange(0, 100), metavar="P",
+              help="With --rolling: stop when more than P% of a batch fails (default 0).")
+@click.option("--verify", "verify_mode", type=click.Choice(["passive", "quick", "full"]),
+              help="With --rolling: the gate after each host's change (default quick).")
+@click.option("--drain-timeout", type=click.IntRange(min=0), metavar="S",
+              help="With --rolling: seconds to wait for a held node's jobs (default 3600).")
 @json_option
 def provision(
     inventory: InventoryRequest,
@@ -68,6 +81,12 @@ def provision(
     forks: int | None,
     playbook: str,
     strategy: str,
+    rolling: bool,
+    canary: int | None,
+    batch: str | None,
+    max_fail: int | None,
+    verify_mode: str | None,
+    drain_timeout: int | None,
     as_json: bool,
 ) -> int:
     """Install NVIDIA drivers, Docker and the NVIDIA Container Toolkit on INVENTORY.
@@ -82,6 +101,7 @@ def provision(
       umprov provision hosts
       umprov provision lab/demo --only docker --check --diff
       umprov provision -i site/ --ask-vault-pass -K -e @overrides.yml
+      umprov provision hosts --rolling --batch 25% -e nvidia_driver_version=580.95.05
     """
     from umprov import provision as prov
     from umprov.cli._progress import ProvisionProgress
@@ -89,6 +109,9 @@ def provision(
     from umprov.paths import Secret
 
     extra_vars = prov.parse_extra(extra)  # a bad pair fails before anything is read
+    variables = rolling_options(rolling, check=check, playbook=playbook, only=only, canary=canary,
+                                batch=batch, max_fail=max_fail, verify=verify_mode,
+                                drain_timeout=drain_timeout)
     inv = load_inventory(inventory)
     prov.check_extra_files(extra_vars, inv.vault)
     become = None
@@ -99,6 +122,10 @@ def provision(
         from umprov.hosts.ssh import record_new_host_keys
 
         record_new_host_keys(hosts)
+    if rolling:
+        return run_rolling(inv, hosts, variables, limit=limit, extra=extra_vars,
+                           become_password=become, forks=forks, strategy=strategy,
+                           as_json=as_json)
     tags = ["preflight", *only] if only else []
     with ProvisionProgress(hosts) as progress:
         result = prov.run_playbook(
@@ -126,5 +153,60 @@ def provision(
     for h in result.hosts:
         if h.detail and h.data["notes"]:  # the notes took the failure's cell
             say(f"{h.host}: {h.detail}")
+    say_untrusted(result.hosts)
+    return int(result.exit_code)
+
+
+def rolling_options(rolling: bool, *, check: bool, playbook: str, only: tuple[str, ...],
+                    **given: Any) -> dict[str, Any]:
+    """The playbook variables of --rolling's options; ConfigError (exit 4) for a bad mix."""
+    from umprov.errors import ConfigError
+    from umprov.inventory import check_format
+    from umprov.rolling import rolling_vars
+
+    named = {"canary": "--canary", "batch": "--batch", "max_fail": "--max-fail-percent",
+             "verify": "--verify", "drain_timeout": "--drain-timeout"}
+    if not rolling:
+        stray = [flag for key, flag in named.items() if given[key] is not None]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} apply to --rolling only")
+        return {}
+    if check:
+        raise ConfigError("--rolling cannot be a dry run (--check): it drains, changes, "
+                          "verifies and resumes each host")
+    if playbook != "site.yml":
+        raise ConfigError("--rolling runs playbooks/rolling.yml; --playbook does not apply")
+    if given["batch"] is not None:
+        given["batch"] = check_format("batch", given["batch"], "--batch")
+    return rolling_vars(only=only, **given)
+
+
+def run_rolling(inv: Inventory, hosts: list[Any], variables: dict[str, Any], *,
+                as_json: bool, **options: Any) -> int:
+    """playbooks/rolling.yml with progress, then what each batch did; an interrupt first
+    says how it left the hosts it reached."""
+    from umprov import rolling
+    from umprov.cli._progress import ProvisionProgress
+    from umprov.verify.bundle import agent_zipapp
+
+    rollout = rolling.Rollout()
+    try:
+        with ProvisionProgress(hosts) as progress:
+            result = rolling.run_rolling(inv, rollout, agent=str(agent_zipapp()),
+                                         variables=variables, on_event=progress.update,
+                                         **options)
+    except BaseException:
+        lines = rolling.interrupted_lines(rollout)
+        for line in lines:
+            say(f"umprov: rollout stopped: {line}")
+        if lines:
+            say("umprov: a re-run continues where this one stopped")
+        raise
+    if as_json:
+        emit_json(result.to_dict())
+    for title, outcomes in result.batch_outcomes():
+        print_outcomes(f"rolling {title}", outcomes, rolling.COLUMNS)
+    say(f"rolling: {len(result.hosts)} host(s) in {len(result.batches)} batch(es), "
+        f"{result.elapsed_s:.0f} s")
     say_untrusted(result.hosts)
     return int(result.exit_code)
