@@ -36,7 +36,8 @@ def passive_report(expected_gpus: int | None, profiles: dict[str, dict],
     system = nv.system()
     records: list[dict] = []
     devices = _devices(nv, system)
-    answers = _driver(records, nv, system, expected_gpus)
+    driver: list[dict] = []  # after the count: a missing GPU is the reason a node drains
+    answers = _driver(driver, nv, system, expected_gpus)
     if devices or expected_gpus is not None:
         gpu_count(lambda *a, **kw: records.append(record("host", "host", *a, **kw)),
                   len(devices), expected_gpus, f"NVML ({nv.kind}) sees {len(devices)}"
@@ -45,6 +46,7 @@ def passive_report(expected_gpus: int | None, profiles: dict[str, dict],
         records.append(record("host", "host", "host.gpu_count", "fail", measured=0,
                               unit="GPUs", limit=1, hint="driver", detail="no NVIDIA GPU "
                               "visible; give the expected count (0 on a host that has none)"))
+    records += driver
 
     def profile_of(index: int) -> dict:
         return select_profile(profiles, devices[index].get("name"), forced)
