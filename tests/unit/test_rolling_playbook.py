@@ -70,6 +70,9 @@ def test_each_host_is_held_changed_and_gated_with_a_rescue_that_keeps_it_drained
     rescue = block["rescue"]
     assert "--if-held" in rescue[0]["ansible.builtin.command"]["argv"]  # relabel, never drain
     assert "ansible.builtin.fail" in rescue[-1]  # the host counts against the budget
+    # no always section: it would let hosts the failure budget marked recover, and the next
+    # batch start (the run below shows the budget stopping the rollout)
+    assert "always" not in block
     skip = tasks_named(play["tasks"])["Leave the hosts already at the target and in service"]
     assert skip["ansible.builtin.meta"] == "end_host"
 
@@ -187,6 +190,7 @@ def test_a_rollout_within_its_budget_then_a_rerun_that_exhausts_it(fleet):
     assert states["n2"] == ("IDLE+DRAIN", "umprov: gpu0 ecc.row_remap_failure")
     assert states["n4"] == ("IDLE+DRAIN", "bad DIMM B3")
     assert states["n1"] == states["n3"] == ("IDLE", "")
+    assert "resume: the rolling change" in proc.stdout  # how each was left
     # 2. A re-run, every driver now at the target (the probe's fact, given): n1 in service and
     #    passing is left alone; n2's GPU was replaced: the check it was drained for passes and
     #    it is resumed; n3 turned sick: drained, and with no budget the rollout stops before n4.
