@@ -222,17 +222,13 @@ class Nvml:
         """nvidia-smi's compute apps, by the GPU's PCI bus id; None when it cannot say."""
         if not self.smi:
             return None
-        argv = [self.smi, "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory",
-                "--format=csv,noheader,nounits"]
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=30)  # noqa: S603
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if res.returncode != 0:
+        text = _run_smi([self.smi, "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory",
+                         "--format=csv,noheader,nounits"])
+        if text is None:
             return None
         out: dict[str, list[dict]] = {r["pci.bus_id"]: [] for r in self._smi(["pci.bus_id"], None)
                                       if r.get("pci.bus_id")}
-        for line in res.stdout.strip().splitlines():
+        for line in text.strip().splitlines():
             cells = [c.strip() for c in line.split(",")]
             if len(cells) < 4 or not cells[1].isdigit():
                 continue
@@ -295,13 +291,10 @@ class Nvml:
             argv = [self.smi, f"--query-gpu={','.join(fs)}", "--format=csv,noheader,nounits"]
             if ident is not None:
                 argv.insert(1, f"--id={ident}")
-            try:
-                res = subprocess.run(argv, capture_output=True, text=True, timeout=30)  # noqa: S603
-            except (OSError, subprocess.TimeoutExpired):
+            text = _run_smi(argv)
+            if text is None:
                 return None
-            if res.returncode != 0:
-                return None
-            return [[c.strip() for c in ln.split(",")] for ln in res.stdout.strip().splitlines()]
+            return [[c.strip() for c in ln.split(",")] for ln in text.strip().splitlines()]
 
         rows = query(fields)
         good = fields
@@ -346,3 +339,11 @@ def _try(fn: Any, *args: Any) -> Any:
     except (OSError, ValueError, ArithmeticError):  # a ctypes argument this driver refuses
         return None
 
+
+def _run_smi(argv: list[str]) -> str | None:
+    """nvidia-smi's standard output, or None when it cannot be run or fails."""
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=30)  # noqa: S603
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout if res.returncode == 0 else None
