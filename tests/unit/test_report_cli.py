@@ -127,6 +127,27 @@ def test_history_of_an_inventory_as_a_page(umprov_cli, tmp_path):
     assert "REGRESSED" in page and "Trends: each host against its own history" in page
 
 
+def test_history_of_a_vault_encrypted_inventory_given_as_every_command_takes_it(umprov_cli,
+                                                                               tmp_path):
+    """-i and the vault options, as in every other command: a host named only in an
+    encrypted group_vars file is read with the password file."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    plant(tmp_path / "state")
+    folder = tmp_path / "inv"
+    (folder / "group_vars").mkdir(parents=True)
+    (folder / "hosts.yml").write_text("all:\n  hosts:\n    h200-a:\n")
+    secret = VaultLib([("default", VaultSecret(b"pw"))])
+    (folder / "group_vars" / "all.yml").write_bytes(secret.encrypt("umprov_expected_gpus: 2\n"))
+    password = tmp_path / "pw.txt"
+    password.write_text("pw\n")
+    locked = umprov_cli("report", "-i", str(folder))
+    assert locked.exit_code == ExitCode.INVENTORY and "all.yml" in locked.stderr
+    result = umprov_cli("report", "-i", str(folder), "--vault-password-file", str(password))
+    assert result.exit_code == ExitCode.VERIFY_WARN, result.stderr
+    assert "REGRESSION h200-a" in result.stderr
+
+
 def test_no_history_says_where_it_looked(umprov_cli):
     result = umprov_cli("report")
     assert result.exit_code == 0 and "no verify history" in result.stderr

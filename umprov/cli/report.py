@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import json_option
+from umprov.cli.options import inventory_options, json_option
+
+if TYPE_CHECKING:
+    from umprov.inventory import InventoryRequest
 from umprov.output import emit_json, say
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -32,9 +36,10 @@ class Age(click.ParamType):
               help="History from this far back: 30d, 12h, 2w (default: all that is kept).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE", help="Write the report as one self-contained HTML page.")
+@inventory_options(positional=False)
 @json_option
 def report(sources: tuple[str, ...], since: float | None, html_path: Path | None,
-           as_json: bool) -> int:
+           as_json: bool, inventory: InventoryRequest) -> int:
     """Show verify results: a run's files as a page, or each host's trends and regressions.
 
     With run files (`umprov verify --json` output, *.json): their hosts as a table, the run
@@ -52,18 +57,16 @@ def report(sources: tuple[str, ...], since: float | None, html_path: Path | None
     from umprov.errors import ConfigError, ExitCode, UmprovError
 
     run_files = [s for s in sources if s.endswith(".json")]
-    inventories = [s for s in sources if not s.endswith(".json")]
-    if run_files and inventories:
+    inventory = replace(inventory, sources=tuple(s for s in sources if not s.endswith(".json"))
+                        + inventory.sources)
+    if run_files and inventory.sources:
         raise UmprovError("give run files (*.json) or an INVENTORY, not both",
-                          exit_code=ExitCode.USAGE)
-    if len(inventories) > 1:
-        raise UmprovError(f"one INVENTORY at a time, not {len(inventories)}",
                           exit_code=ExitCode.USAGE)
     if run_files:
         if since is not None:
             raise ConfigError("--since reads the history; run files are shown whole")
         return show_runs([Path(p) for p in run_files], html_path, as_json)
-    return show_history(inventories[0] if inventories else None, since, html_path, as_json)
+    return show_history(inventory if inventory.sources else None, since, html_path, as_json)
 
 
 def show_runs(paths: list[Path], html_path: Path | None, as_json: bool) -> int:
@@ -82,7 +85,7 @@ def show_runs(paths: list[Path], html_path: Path | None, as_json: bool) -> int:
     return 0
 
 
-def show_history(inventory: str | None, since: float | None, html_path: Path | None,
+def show_history(inventory: InventoryRequest | None, since: float | None, html_path: Path | None,
                  as_json: bool) -> int:
     from umprov.errors import ExitCode
     from umprov.verify import history
