@@ -194,16 +194,24 @@ def install_key(container: Any, public_key: str) -> None:
         raise UmprovError(f"lab host {container.name}: cannot install the lab key")
 
 
-def host_keys(container: Any) -> list[str]:
+def host_keys(container: Any, attempts: int = 3) -> list[str]:
+    """The host's public SSH host keys ("TYPE BASE64"). An empty read is asked again and then
+    refused: written as it is, it would leave the host out of known_hosts, and every client
+    would call its key unknown (seen once under load, after a host was brought back)."""
     cmd = ["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"]
-    result = container.exec_run(cmd, user="root", demux=False)
-    text = (result.output or b"").decode(errors="replace")
-    if result.exit_code != 0:
-        raise UmprovError(
-            f"lab host {container.name}: `{' '.join(cmd)}` failed ({result.exit_code}): "
-            f"{text.strip()[:200]}"
-        )
-    return [" ".join(line.split()[:2]) for line in text.splitlines() if line.strip()]
+    for attempt in range(attempts):
+        result = container.exec_run(cmd, user="root", demux=False)
+        text = (result.output or b"").decode(errors="replace")
+        if result.exit_code != 0:
+            raise UmprovError(
+                f"lab host {container.name}: `{' '.join(cmd)}` failed ({result.exit_code}): "
+                f"{text.strip()[:200]}"
+            )
+        keys = [" ".join(line.split()[:2]) for line in text.splitlines() if line.strip()]
+        if keys:
+            return keys
+        time.sleep(0.5 * (attempt + 1))
+    raise UmprovError(f"lab host {container.name}: no SSH host key could be read")
 
 
 def render_known_hosts(hosts: list[LabHost]) -> str:

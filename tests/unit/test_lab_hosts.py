@@ -1,0 +1,42 @@
+"""Lab hosts' SSH host keys as the lab reads them for known_hosts."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from umprov.errors import UmprovError
+from umprov_lab import hosts
+
+KEY = b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBx root@lab-x-1\n"
+
+
+class Container:
+    """Answers exec_run with the outputs given, one per call."""
+
+    name = "umprov-lab-x-1"
+
+    def __init__(self, *outputs: bytes) -> None:
+        self.outputs = list(outputs)
+        self.calls = 0
+
+    def exec_run(self, cmd, **_kw):
+        self.calls += 1
+        return SimpleNamespace(exit_code=0, output=self.outputs.pop(0))
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch):
+    monkeypatch.setattr(hosts.time, "sleep", lambda _s: None)
+
+
+def test_an_empty_read_is_asked_again() -> None:
+    container = Container(b"", KEY)
+    assert hosts.host_keys(container) == ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBx"]
+    assert container.calls == 2
+
+
+def test_a_host_without_a_readable_key_is_refused_not_left_out() -> None:
+    with pytest.raises(UmprovError, match="umprov-lab-x-1: no SSH host key could be read"):
+        hosts.host_keys(Container(b"", b"\n", b""))
