@@ -254,6 +254,20 @@ def test_templated_value_is_validated_and_the_template_named(tmp_path):
     assert "from the template '{{ port_name }}'" in text
 
 
+def test_ssh_args_that_would_replace_host_key_checking_are_refused(tmp_path, umprov_cli):
+    # ansible_ssh_args outranks ANSIBLE_SSH_ARGS, umprov's host key options for provision.
+    site = write(tmp_path / "hosts.yml", """
+        all:
+          hosts:
+            gpu1: {ansible_ssh_args: "-o StrictHostKeyChecking=no"}
+            gpu2: {ansible_ssh_common_args: "-o ProxyJump=bastion"}
+    """)
+    result = umprov_cli("inventory", "check", str(site))
+    assert result.exit_code == ExitCode.INVENTORY
+    assert f"{site}:3" in result.stderr and "host 'gpu1' sets ansible_ssh_args" in result.stderr
+    assert "gpu2" not in result.stderr and result.stderr.count("\n") == 1
+
+
 def test_template_with_an_undefined_variable_is_named(tmp_path):
     path = write(tmp_path / "hosts.yml", """
         all:

@@ -112,6 +112,7 @@ def origin(value: Any) -> str | None:
 def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Checks) -> Host:
     name = str(ans_host.name)
     hv = HostVars(parsed, name, all_vars, checks.fallback)
+    _refuse_replaced_ssh_args(hv)
     address = _address(hv, name)
     port_key = hv.first(_PORT)
     port = _port(hv, port_key) if port_key else 22
@@ -152,6 +153,18 @@ def _address(hv: HostVars, name: str) -> str:
         raise InventoryError(f"{hv.where(key)}: host '{name}' has address {address!r}, which "
                              f"holds spaces or control characters{hv.from_template(key)}")
     return address
+
+
+def _refuse_replaced_ssh_args(hv: HostVars) -> None:
+    """A host variable ``ansible_ssh_args`` outranks the ANSIBLE_SSH_ARGS through which
+    provision makes OpenSSH check host keys against umprov's files: refused rather than let
+    one host be trusted differently from what status, deploy and verify check."""
+    key = "ansible_ssh_args"
+    if hv.raw(key) is not None:
+        raise InventoryError(
+            f"{hv.where(key)}: host '{hv.name}' sets {key}, which would replace the options "
+            "umprov checks host keys with; put them in ansible_ssh_common_args instead"
+        )
 
 
 def _port(hv: HostVars, key: str) -> int:
