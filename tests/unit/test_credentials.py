@@ -21,7 +21,7 @@ import umprov.provision
 from tests.unit.test_inventory_ansible import encrypt
 from umprov.errors import ExitCode
 from umprov.paths import Secret
-from umprov.provision_args import parse_extra
+from umprov.provision.args import parse_extra
 
 BECOME = "become-canary-7f3a9c"
 VAULT = "vault-canary-2b81e4"
@@ -165,6 +165,6 @@ def test_a_prompting_vault_setting_is_not_passed_on(monkeypatch):
     not reach ansible-playbook, which would wait on a prompt in ansible-runner's pty."""
     monkeypatch.setenv("ANSIBLE_VAULT_IDENTITY_LIST", "prod@prompt")
     monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", "/etc/vault-pass")
-    env = umprov.provision._child_environment()
+    env = umprov.provision.environment.child_environment()
     assert "ANSIBLE_VAULT_IDENTITY_LIST" not in env
     assert env["ANSIBLE_VAULT_PASSWORD_FILE"] == "/etc/vault-pass"

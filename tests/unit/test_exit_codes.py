@@ -73,7 +73,7 @@ def fake_playbook(monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]],
                                        stats=stats, status="failed", rc=2,
                                        stdout=SimpleNamespace(read=lambda: "ERROR! it broke"))
 
-    monkeypatch.setattr(umprov.provision, "_start", start)
+    monkeypatch.setattr(umprov.provision.runner, "start", start)
 
 
 def fake_verify(monkeypatch: pytest.MonkeyPatch, verdict: str) -> None:

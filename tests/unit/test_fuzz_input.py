@@ -693,7 +693,7 @@ def test_extra_vars_files(work, body, encrypted):
     from umprov.inventory import Vault
     from umprov.inventory.vault import VaultPassword
     from umprov.paths import Secret
-    from umprov.provision_args import check_extra_files
+    from umprov.provision.args import check_extra_files
 
     data = body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
     path = write(work, ".yml", _vault_text(data.decode("utf-8", "replace")) if encrypted else data)

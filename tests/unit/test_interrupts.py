@@ -25,7 +25,7 @@ import pytest
 from docker.models.containers import ExecResult
 
 from tests.unit.fakes import FakeHost
-from umprov import procs, provision
+from umprov import procs
 from umprov.cli import cli, run
 from umprov.deploy import options, outcome, rollout, state, stream
 from umprov.deploy import spec as specs
@@ -34,6 +34,8 @@ from umprov.hosts.fanout import Parallel
 from umprov.hosts.progress import quiet
 from umprov.hosts.results import HostOutcome
 from umprov.paths import write_private
+from umprov.provision import environment, runner
+from umprov.provision import results as run_results
 
 # serial: real signals and elapsed-time bounds; `make test` runs them alone.
 pytestmark = pytest.mark.serial
@@ -256,7 +258,7 @@ def test_descendants_follow_processes_that_left_the_session() -> None:
 def test_stop_playbook_ends_the_whole_tree_when_sigint_is_not_enough(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(provision, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
     proc = _fake_playbook()
     tree = [_read(proc.pid), *_wait_children(proc.pid)]
     runner_thread = threading.Thread(target=proc.wait, daemon=True)  # ansible-runner's thread
@@ -266,9 +268,9 @@ def test_stop_playbook_ends_the_whole_tree_when_sigint_is_not_enough(
     artifacts.mkdir(parents=True)
     (artifacts / "command").write_text('{"command": ["ansible-playbook"], "env": {"A": "1"}}')
     started = time.monotonic()
-    provision._stop_playbook(runner_thread, cancel, SimpleNamespace(
+    runner.stop_playbook(runner_thread, cancel, SimpleNamespace(
         config=SimpleNamespace(artifact_dir=str(artifacts))))
-    assert time.monotonic() - started < provision.STOP_GRACE_S + 4
+    assert time.monotonic() - started < runner.STOP_GRACE_S + 4
     assert cancel.is_set()
     assert [p for p in tree if procs.alive(p)] == []
     assert "env" not in (artifacts / "command").read_text()
@@ -460,14 +462,14 @@ def test_click_is_not_in_the_way_of_terminated() -> None:
 def test_a_rescued_failure_is_a_note_not_the_hosts_failure() -> None:
     """A re-run after an interrupt: dpkg was left interrupted, the role's rescue finished it and
     ran the task again; the host converged (failed 0), so its result has no failure."""
-    results: dict[str, provision.HostCounts] = {}
-    provision._consume({"event": "runner_on_failed", "event_data": {
+    results: dict[str, run_results.HostCounts] = {}
+    run_results.consume({"event": "runner_on_failed", "event_data": {
         "host": "a", "task": "Install Docker",
         "res": {"msg": "E: dpkg was interrupted, you must manually run 'dpkg --configure -a'"},
     }}, results, None)
     stats = {"ok": {"a": 9}, "changed": {"a": 2}, "failures": {}, "dark": {}, "skipped": {},
              "rescued": {"a": 1}}
-    provision._apply_stats(SimpleNamespace(stats=stats), results)
+    run_results.apply_stats(SimpleNamespace(stats=stats), results)
     assert results["a"].failure is None and results["a"].status == "changed"
     assert results["a"].notes == ["recovered: Install Docker: E: dpkg was interrupted, you must "
                                   "manually run 'dpkg --configure -a'"]
@@ -505,6 +507,6 @@ def test_end_of_an_agent_run_kills_its_marked_processes_and_removes_its_folder(
 def test_a_killed_playbook_leaves_a_numeric_rc(tmp_path: Path, written: str, kept: str) -> None:
     # ansible-runner writes "None" when the child was killed before it saw the cancel.
     (tmp_path / "rc").write_text(written)
-    provision._settle_rc(tmp_path)
+    environment.settle_rc(tmp_path)
     assert (tmp_path / "rc").read_text() == kept
-    provision._settle_rc(tmp_path / "missing")  # no rc file: nothing to do
+    environment.settle_rc(tmp_path / "missing")  # no rc file: nothing to do

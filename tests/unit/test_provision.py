@@ -8,7 +8,8 @@ import pytest
 
 from umprov import provision
 from umprov.errors import ConfigError, ExitCode
-from umprov.provision import HostCounts, ProvisionResult
+from umprov.provision import HostCounts, ProvisionResult, args, environment
+from umprov.provision import results as run_results
 
 
 def test_parse_extra_vars_types():
@@ -56,7 +57,7 @@ def test_consume_collects_changes_failures_and_notes():
         event("runner_on_failed", "b", "Probe", res={"msg": "ignored"}, ignore_errors=True),
         event("runner_on_unreachable", "c", "Gather", res={"msg": "ssh: connect refused"}),
     ]:
-        provision._consume(ev, results, seen.append)
+        run_results.consume(ev, results, seen.append)
     assert results["a"].changed_tasks == ["Install driver"]
     assert results["a"].notes == ["driver 580.1 installed (open), REBOOT REQUIRED"]
     assert results["b"].failure == "Install driver: E: Unable to locate package"
@@ -67,7 +68,7 @@ def test_consume_collects_changes_failures_and_notes():
 def test_stats_decide_counts_and_hosts_that_never_ran():
     results = {"a": HostCounts("a"), "b": HostCounts("b")}
     runner = SimpleNamespace(stats={"ok": {"a": 5}, "changed": {"a": 2}, "failures": {}, "dark": {}, "skipped": {}})
-    provision._apply_stats(runner, results)
+    run_results.apply_stats(runner, results)
     assert (results["a"].ok, results["a"].changed, results["a"].failed) == (5, 2, 0)
     assert results["b"].failed == 1 and "did not run" in results["b"].failure
 
@@ -79,7 +80,7 @@ def test_child_environment_drops_secrets_and_keeps_ssh(monkeypatch):
     monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", "/etc/vault-pass")
     monkeypatch.setenv("ANSIBLE_FORKS", "7")
     monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
-    env = provision._child_environment()
+    env = environment.child_environment()
     assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env
     assert "ANSIBLE_BECOME_PASS" not in env
     assert env["ANSIBLE_VAULT_PASSWORD_FILE"] == "/etc/vault-pass"
@@ -89,7 +90,7 @@ def test_child_environment_drops_secrets_and_keeps_ssh(monkeypatch):
 
 def test_runner_environment_is_restored(monkeypatch):
     monkeypatch.setenv("GITHUB_TOKEN", "tok")
-    with provision._runner_environment():
+    with environment.runner_environment():
         import os
 
         assert "GITHUB_TOKEN" not in os.environ
@@ -98,7 +99,7 @@ def test_runner_environment_is_restored(monkeypatch):
 
 def test_scrub_artifacts_removes_env(tmp_path):
     (tmp_path / "command").write_text('{"command": ["ansible-playbook"], "env": {"X": "secret"}}')
-    provision._scrub_artifacts(tmp_path)
+    environment.scrub_artifacts(tmp_path)
     assert "secret" not in (tmp_path / "command").read_text()
     assert "ansible-playbook" in (tmp_path / "command").read_text()
 
@@ -112,7 +113,7 @@ def test_extra_vars_go_in_a_private_file_never_on_the_command_line(tmp_path):
     private = tmp_path / "run"
     private.mkdir(mode=0o700)
     (tmp_path / "project").mkdir()
-    path = provision._extra_vars_file(private, {"ansible_become_password": "s3cret-value"})
+    path = args.extra_vars_file(private, {"ansible_become_password": "s3cret-value"})
     assert oct((private / "extravars.json").stat().st_mode & 0o777) == "0o600"
     assert json.loads((private / "extravars.json").read_text())["ansible_become_password"]
     config = RunnerConfig(private_data_dir=str(private), project_dir=str(tmp_path / "project"),
@@ -123,20 +124,20 @@ def test_extra_vars_go_in_a_private_file_never_on_the_command_line(tmp_path):
     assert "s3cret-value" not in " ".join(config.command)
     artifacts = private / "artifacts" / "ident"
     artifacts.mkdir(parents=True)
-    provision._scrub_artifacts(artifacts)
+    environment.scrub_artifacts(artifacts)
     assert not (private / "extravars.json").exists()
-    assert provision._extra_vars_file(private, {}) is None
+    assert args.extra_vars_file(private, {}) is None
 
 
 def test_private_dir_is_0700_and_rotated(tmp_path, monkeypatch):
     monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path))
     runs = tmp_path / "runs"
     runs.mkdir()
-    for i in range(provision.KEEP_RUNS + 3):
+    for i in range(environment.KEEP_RUNS + 3):
         (runs / f"provision-2020010{i:02d}").mkdir()
-    path = provision._private_dir()
+    path = environment.private_dir()
     assert oct(path.stat().st_mode & 0o777) == "0o700"
-    assert len(list(runs.iterdir())) == provision.KEEP_RUNS
+    assert len(list(runs.iterdir())) == environment.KEEP_RUNS
 
 
 def test_provision_bad_extra_var_exit_code(umprov_cli, tmp_path):
@@ -148,19 +149,19 @@ def test_provision_bad_extra_var_exit_code(umprov_cli, tmp_path):
 
 
 def test_strategy_linear_is_plain():
-    assert provision.resolve_strategy("linear") == ("linear", {"ANSIBLE_STRATEGY": "linear"})
+    assert environment.resolve_strategy("linear") == ("linear", {"ANSIBLE_STRATEGY": "linear"})
 
 
 def test_strategy_auto_falls_back_without_mitogen(monkeypatch):
-    monkeypatch.setattr(provision, "mitogen_strategy_dir", lambda: None)
-    assert provision.resolve_strategy("auto")[0] == "linear"
+    monkeypatch.setattr(environment, "mitogen_strategy_dir", lambda: None)
+    assert environment.resolve_strategy("auto")[0] == "linear"
     with pytest.raises(ConfigError, match="--strategy mitogen: the mitogen package is not installed"):
-        provision.resolve_strategy("mitogen")
+        environment.resolve_strategy("mitogen")
 
 
 def test_strategy_auto_uses_mitogen_when_present(monkeypatch, tmp_path):
-    monkeypatch.setattr(provision, "mitogen_strategy_dir", lambda: tmp_path)
-    name, env = provision.resolve_strategy("auto")
+    monkeypatch.setattr(environment, "mitogen_strategy_dir", lambda: tmp_path)
+    name, env = environment.resolve_strategy("auto")
     assert name == "mitogen"
     assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
     assert env["ANSIBLE_STRATEGY_PLUGINS"] == str(tmp_path)
@@ -168,11 +169,11 @@ def test_strategy_auto_uses_mitogen_when_present(monkeypatch, tmp_path):
 
 def test_strategy_unknown():
     with pytest.raises(ConfigError, match="unknown strategy 'fast'"):
-        provision.resolve_strategy("fast")
+        environment.resolve_strategy("fast")
 
 
 def test_a_failed_command_reports_what_it_printed_not_only_its_return_code() -> None:
-    from umprov.provision import _short_failure
+    from umprov.provision.results import short_failure
 
     stderr = (
         "W: GPG error: http://repo.example.com/libnvidia-container/stable/deb/amd64  InRelease: "
@@ -180,10 +181,10 @@ def test_a_failed_command_reports_what_it_printed_not_only_its_return_code() -> 
         "E: The repository 'http://repo.example.com/libnvidia-container/stable/deb/amd64  "
         "InRelease' is not signed.\n"
     )
-    failure = _short_failure({"msg": "non-zero return code", "stderr": stderr, "rc": 100})
+    failure = short_failure({"msg": "non-zero return code", "stderr": stderr, "rc": 100})
     assert failure.startswith("non-zero return code: E: The repository")
     assert "libnvidia-container" in failure and "not signed" in failure
-    assert _short_failure({"msg": "boom", "stderr": "ignored"}) == "boom"
+    assert short_failure({"msg": "boom", "stderr": "ignored"}) == "boom"
 
 
 @pytest.mark.parametrize(
@@ -202,9 +203,9 @@ def test_a_failed_command_reports_what_it_printed_not_only_its_return_code() -> 
     ],
 )
 def test_a_host_without_the_named_python_gets_a_hint_not_the_raw_text(result) -> None:
-    from umprov.provision import _short_failure
+    from umprov.provision.results import short_failure
 
-    assert _short_failure(result) == (
+    assert short_failure(result) == (
         "no Python at /usr/bin/python3 on this host: install python3 there, or set "
         "ansible_python_interpreter for the host in the inventory"
     )

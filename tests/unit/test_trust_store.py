@@ -93,7 +93,7 @@ def provision_run(monkeypatch: pytest.MonkeyPatch, stderr: str) -> dict[str, Any
                                  stats={"dark": {"gpu1": 1}}, status="failed", rc=4)
         return thread, runner
 
-    monkeypatch.setattr(umprov.provision, "_start", start)
+    monkeypatch.setattr(umprov.provision.runner, "start", start)
     return seen
 
 
