@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from tests.unit.fakes import EngineHost, FakeContainer, Fleet, fake_fleet
 from umprov.errors import (
@@ -324,18 +323,14 @@ def test_task_that_did_not_start_names_its_host(cluster: tuple[Cluster, Fleet],
     assert removed_all(fleet)
 
 
-def test_cli_slurm_options_need_the_slurm_launcher(tmp_path: Path) -> None:
-    from tests.conftest import _Boundary
-
+def test_cli_slurm_options_need_the_slurm_launcher(tmp_path: Path, umprov_cli: Any) -> None:
     inv = tmp_path / "hosts.yml"
     inv.write_text("all:\n  hosts:\n    a: {ansible_host: 10.0.0.1}\n"
                    "    b: {ansible_host: 10.0.0.2}\n")
-    cli = _Boundary("umprov")
-    res = CliRunner().invoke(cli, ["verify", str(inv), "--launcher", "slurm"])
+    res = umprov_cli("verify", str(inv), "--launcher", "slurm")
     assert res.exit_code == 4 and "apply to --multi-node" in res.stderr
-    res = CliRunner().invoke(cli, ["verify", str(inv), "--multi-node", "--slurm-partition", "p"])
+    res = umprov_cli("verify", str(inv), "--multi-node", "--slurm-partition", "p")
     assert res.exit_code == 4 and "apply to --launcher slurm" in res.stderr
-    res = CliRunner().invoke(cli, ["verify", str(inv), "--multi-node", "--launcher", "slurm"])
+    res = umprov_cli("verify", str(inv), "--multi-node", "--launcher", "slurm")
     assert res.exit_code == 3, res.stderr
     assert "no host in group 'slurm_controller'" in res.stderr and "\n" not in res.stderr.strip()
-

@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 @click.option("--slurm-partition", metavar="NAME", help="With --launcher slurm: srun's "
               "--partition.")
 @click.option("--slurm-account", metavar="NAME", help="With --launcher slurm: srun's --account.")
+@click.option("--events", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              metavar="DIR", help="With --multi-node: judge the folder a job submitted with "
+              "docs/examples/multinode.sbatch left (no host is contacted).")
 @click.option("--all-rows/--problems-only", default=True, show_default=True,
               help="Table rows for every check, or only warnings and failures.")
 @json_option
@@ -97,6 +100,7 @@ def verify(
     slurm_submit_host: str | None,
     slurm_partition: str | None,
     slurm_account: str | None,
+    events: Path | None,
     all_rows: bool,
     as_json: bool,
 ) -> int:
@@ -115,6 +119,7 @@ def verify(
     umprov verify hosts --html verify.html      a page to look at; umprov report: trends
     umprov verify hosts --multi-node            one torchrun job over every host's GPUs
     umprov verify hosts --multi-node --launcher slurm   the same job, started by srun
+    umprov verify --multi-node --events umprov-mn-4242  judge a job run with sbatch
     umprov verify --local --duration 10m        a ten-minute burn-in after the checks
     """
     from umprov.errors import ConfigError
@@ -144,6 +149,9 @@ def verify(
                            or launcher != "ssh"):
         raise ConfigError("--backend, --rendezvous, --nproc-per-node and --launcher apply to "
                           "--multi-node")
+    if events and (not multi_node or inventory.sources or launcher != "ssh" or rendezvous):
+        raise ConfigError("--events judges a finished job: with --multi-node, without an "
+                          "INVENTORY, --launcher or --rendezvous")
     slurm = {"submit_host": slurm_submit_host, "partition": slurm_partition,
              "account": slurm_account}
     if launcher != "slurm" and any(slurm.values()):
@@ -162,7 +170,11 @@ def verify(
                               f"(known: {', '.join(sorted(known))})")
         overrides = {**overrides, "profile": profile_name}
     started = time.monotonic()
-    if multi_node:
+    if events:
+        from umprov.verify.multinode_files import judge_job_dir
+
+        docs = judge_job_dir(events)
+    elif multi_node:
         docs = run_multinode(inventory, limit=limit, backend=backend, rendezvous=rendezvous,
                              timeout=timeout, nproc_per_node=nproc_per_node,
                              trust_new=trust_new_hosts,
