@@ -200,12 +200,19 @@ class SlurmLauncher:
     def launch(self, states: list[HostState], opts: MultiNodeOptions, endpoint: str,
                run_id: str, progress: Progress) -> None:
         nodes = self._nodes(states)
-        for node, st in nodes.items():
+
+        def place_task(node: str) -> None:
+            st = nodes[node]
             script = task_script(host=st.run.name, node=node,
                                  torchrun_script=plan_torchrun(st, states, opts, endpoint, run_id))
             if not st.container.put_archive(WORKDIR, tar_files({TASK: script.encode()})):
                 raise SchedulerFailed(f"{st.run.name}: cannot copy the Slurm task script")
             st.run.facts = {"slurm_node": node, "slurm_submit_host": self.submit.name}
+
+        for node, res in zip(nodes, settle(place_task, list(nodes), 90), strict=True):
+            if isinstance(res, BaseException):
+                raise res if isinstance(res, SchedulerFailed) else SchedulerFailed(
+                    f"{nodes[node].run.name}: cannot place the Slurm task: {res}")
         limit = opts.run_deadline() + 60
         cmd = srun_command(job_name=run_id, nodes=list(nodes), time_limit_s=limit,
                            wait_s=opts.timeout, container=container_name(run_id),
