@@ -21,6 +21,7 @@ from umprov.errors import (
     ExitCode,
     InventoryError,
     SchedulerFailed,
+    Unreachable,
 )
 from umprov.verify.multinode import WORKDIR, MultiNodeOptions, verify_multinode
 from umprov.verify.slurm_launch import (
@@ -167,6 +168,7 @@ class Cluster:
         self.missing_tools = ""
         self.srun_answer: tuple[int, str] | None = None
         self.interrupt = False
+        self.lost = False
         self.cancelled = threading.Event()
         self.ran: set[str] = set()
 
@@ -188,6 +190,9 @@ class Cluster:
         if command.startswith("scontrol"):
             return 0, scontrol_out(**self.nodes), ""
         if command.startswith("scancel"):
+            if self.lost:
+                self.lost = False  # the old connection is gone; a new one works
+                raise OSError("Socket is closed")
             self.cancelled.set()
             return 0, "", ""
         assert command.startswith("srun ") and command.endswith(" 2>&1")
@@ -197,6 +202,8 @@ class Cluster:
             return 1, "srun: Job step aborted\n", ""
         if self.srun_answer:
             return self.srun_answer[0], self.srun_answer[1], ""
+        if self.lost:
+            raise OSError("Socket is closed")
         argv = shlex.split(command[:-5])
         nodes = next(a for a in argv if a.startswith("--nodelist=")).split("=")[1].split(",")
         lines = []
@@ -270,6 +277,19 @@ def test_srun_refused_is_one_line_and_cleans_up(cluster: tuple[Cluster, Fleet]) 
     assert str(err.value) == ("ctl: srun failed (exit 1): srun: error: Unable to allocate "
                               "resources: Requested nodes are busy")
     assert removed_all(fleet) and "ssh scancel" not in fleet  # srun ended: nothing to cancel
+
+
+def test_srun_whose_end_was_not_seen_is_cancelled(cluster: tuple[Cluster, Fleet]) -> None:
+    """The connection lost while srun ran: the job may still hold the nodes, so it is
+    cancelled (over a new connection) before the containers go."""
+    c, fleet = cluster
+    c.lost = True
+    with pytest.raises(Unreachable, match=r"ctl: the connection was lost while srun ran "
+                       r"\(Socket is closed\)"):
+        slurm_run()
+    assert c.cancelled.is_set()
+    first_removed = next(i for i, x in enumerate(fleet) if x.startswith("removed"))
+    assert fleet.index("ssh scancel") < first_removed and removed_all(fleet)
 
 
 def test_node_unknown_to_slurm_stops_before_srun(cluster: tuple[Cluster, Fleet]) -> None:

@@ -31,7 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umprov.errors import ConfigError, EnvironmentProblem, InventoryError, SchedulerFailed
+from umprov.errors import (
+    ConfigError,
+    EnvironmentProblem,
+    InventoryError,
+    SchedulerFailed,
+    Unreachable,
+)
 from umprov.hosts.engine import exec_in, tar_files
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress
@@ -224,8 +230,11 @@ class SlurmLauncher:
         res = settle(lambda c: self._run(c, limit + opts.timeout + 30), [shlex.join(cmd)
                                                                           + " 2>&1"],
                      limit + opts.timeout + 60)[0]
-        if isinstance(res, BaseException):  # the deadline, or the connection lost
-            rc, out = None, "" if isinstance(res, TimeoutError) else str(res)
+        if isinstance(res, TimeoutError):  # srun's end not seen: stop() cancels the job
+            rc, out = None, ""
+        elif isinstance(res, BaseException):
+            raise Unreachable(f"{self.submit.name}: the connection was lost while srun ran "
+                              f"({' '.join(str(res).split())[:200]})")
         else:
             (rc, out), self.in_flight = res, False
         marks = task_marks(out)
@@ -252,17 +261,32 @@ class SlurmLauncher:
         return nodes
 
     def stop(self, progress: Progress) -> None:
-        """Cancel the job if srun may still hold it (Ctrl-C, a deadline), then hang up."""
+        """Cancel the job if srun may still hold it (Ctrl-C, a deadline, a lost connection:
+        then over a new one), then hang up."""
         try:
             if self.in_flight and self.client is not None:
-                rc, out = self._run(f"scancel --name={shlex.quote(self.job_name)}", 30)
-                progress(self.submit.name, f"Slurm job {self.job_name} cancelled" if rc == 0
-                         else f"scancel failed: {' '.join(out.split())[:200]}")
-                self.in_flight = False
+                self._cancel(progress)
         finally:
             if self.client is not None:
                 with contextlib.suppress(Exception):
                     self.client.close()
+
+    def _cancel(self, progress: Progress) -> None:
+        from umprov.hosts.ssh import connect
+
+        command = f"scancel --name={shlex.quote(self.job_name)}"
+        for attempt in range(2):
+            try:
+                if attempt:
+                    self.client = connect(self.submit, trust_new=False)
+                rc, out = self._run(command, 30)
+            except Exception as exc:  # noqa: BLE001 - said below; the containers still go
+                out, rc = " ".join(str(exc).split()), -1
+                continue
+            break
+        self.in_flight = rc != 0
+        progress(self.submit.name, f"Slurm job {self.job_name} cancelled" if rc == 0 else
+                 f"could not cancel Slurm job {self.job_name} (run: {command}): {out[:200]}")
 
 
 def _collect(st: HostState, marks: dict[str, dict[str, str]], srun_out: str, job: str) -> None:
