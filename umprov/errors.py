@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     HOSTS_UNREACHABLE = 11  # one or more hosts could not be reached (and none failed otherwise)
     VERIFY_WARN = 12  # verification finished with warnings only
     VERIFY_FAIL = 13  # verification found a failing check
+    SCHEDULER = 14  # the scheduler refused or failed the job: a node out of service, srun's error
     INTERNAL = 70  # a bug in umprov: see the log file named in the message
     HANGUP = 129  # SIGHUP: the terminal or SSH session went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
@@ -88,6 +89,12 @@ class DeployFailed(UmprovError):
     """The container could not be delivered or started on a host."""
 
     exit_code = ExitCode.HOSTS_FAILED
+
+
+class SchedulerFailed(UmprovError):
+    """Slurm did not run the job: a node out of service, or srun failed before any task ran."""
+
+    exit_code = ExitCode.SCHEDULER
 
 
 class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt

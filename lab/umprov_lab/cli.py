@@ -26,11 +26,15 @@ def lab() -> None:
 @click.option("--registry", is_flag=True,
               help="Also run a private registry behind TLS on the lab network (needs Debian's "
                    "docker-registry here); the inventory gives the hosts its CA.")
+@click.option("--slurm", is_flag=True,
+              help="Also run a Slurm cluster (Debian's slurm-wlm and munge): slurmctld in one "
+                   "more container, slurmd on every host; the inventory gets slurm_compute.")
 @click.option("--from-image", "base", metavar="IMAGE",
               help="Start new hosts from this image, a snapshot of a converged lab host "
                    "(`umprov lab snapshot`), instead of the plain host image.")
 @json_option
-def up(count: int, name: str, registry: bool, base: str | None, as_json: bool) -> int:
+def up(count: int, name: str, registry: bool, slurm: bool, base: str | None,
+       as_json: bool) -> int:
     """Create (or complete) a lab and write its inventory and known_hosts.
 
     Idempotent: a second call with the same arguments changes nothing and says so.
@@ -40,10 +44,11 @@ def up(count: int, name: str, registry: bool, base: str | None, as_json: bool) -
       umprov lab up --hosts 3
       umprov inventory check inventory/lab/default.yml
       umprov lab up --registry      # then: docker push 127.0.0.1:PORT/IMAGE, deploy --pull
+      umprov lab up --slurm --hosts 4   # then: umprov provision lab/default --rolling
     """
     from umprov_lab import lab as lab_mod
 
-    result = lab_mod.up(name, count, progress=say, registry=registry, base=base)
+    result = lab_mod.up(name, count, progress=say, registry=registry, base=base, slurm=slurm)
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -55,6 +60,9 @@ def up(count: int, name: str, registry: bool, base: str | None, as_json: bool) -
             reg = result.registry
             say(f"registry: hosts pull from {reg.address}; push from here to {reg.local} "
                 f"(CA: {reg.ca_file})")
+        if result.slurm:
+            say(f"slurm: slurmctld in {result.slurm.controller}, slurmd on "
+                f"{len(result.slurm.nodes)} host(s); slurm.conf: {result.slurm.conf}")
         say("changed: " + "; ".join(result.changes) if result.changes else "nothing changed")
     return 0
 

@@ -121,7 +121,23 @@ def ensure_network(client: Any, name: str) -> bool:
         return True
 
 
-def create_host(client: Any, name: str, index: int, image: str, port: int) -> Any:
+def systemd_container(mounts: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """The options that make a container a server with systemd as PID 1 (see the module's
+    docstring); ``mounts`` adds volumes or folders of this machine."""
+    return {
+        "cap_add": ["ALL"],
+        "cap_drop": ["SYS_RESOURCE"],
+        "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+        "tmpfs": {"/run": "rw,mode=755", "/run/lock": "rw,mode=1777"},
+        "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "ro"}, **(mounts or {})},
+        "restart_policy": {"Name": "always"},
+        "environment": {"container": "docker"},
+        "stop_signal": "SIGRTMIN+3",  # systemd's clean shutdown signal
+    }
+
+
+def create_host(client: Any, name: str, index: int, image: str, port: int,
+                mounts: dict[str, dict[str, str]] | None = None) -> Any:
     container = container_name(name, index)
     return client.containers.run(
         image,
@@ -136,17 +152,8 @@ def create_host(client: Any, name: str, index: int, image: str, port: int) -> An
             f"{LABEL}.image": image,
         },
         ports={"22/tcp": ("127.0.0.1", port)},
-        cap_add=["ALL"],
-        cap_drop=["SYS_RESOURCE"],
-        security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-        tmpfs={"/run": "rw,mode=755", "/run/lock": "rw,mode=1777"},
-        volumes={
-            "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "ro"},
-            f"{container}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
-        },
-        restart_policy={"Name": "always"},
-        environment={"container": "docker"},
-        stop_signal="SIGRTMIN+3",  # systemd's clean shutdown signal
+        **systemd_container({f"{container}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
+                             **(mounts or {})}),
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from umprov.errors import ConfigError
 from umprov_lab import hosts as lab_hosts
+from umprov_lab import slurm as lab_slurm
 from umprov_lab.engine import docker_engine, ensure_inotify_limits
 from umprov_lab.host_image import ensure_host_image
 from umprov_lab.hosts import LabHost
@@ -44,11 +45,13 @@ class LabResult:
     hosts: list[LabHost]
     changes: list[str]
     registry: LabRegistry | None = None
+    slurm: lab_slurm.LabSlurm | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "lab": self.lab,
             "registry": self.registry.to_dict() if self.registry else None,
+            "slurm": self.slurm.to_dict() if self.slurm else None,
             "inventory": str(self.inventory),
             "known_hosts": str(self.known_hosts),
             "key_file": str(self.key_file),
@@ -68,9 +71,10 @@ class LabResult:
 
 
 def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = False,
-       base: str | None = None) -> LabResult:
-    """Create or complete a lab; ``registry`` adds the lab registry (kept by later calls);
-    ``base``: new hosts start from this image (a snapshot) instead of the host image."""
+       base: str | None = None, slurm: bool = False) -> LabResult:
+    """Create or complete a lab; ``registry`` adds the lab registry, ``slurm`` a Slurm cluster
+    (both kept by later calls); ``base``: new hosts start from this image (a snapshot) instead
+    of the host image."""
     check_lab_name(name)
     if not 1 <= count <= 64:
         raise ConfigError(f"--hosts {count}: a lab holds 1 to 64 hosts")
@@ -83,6 +87,14 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
     changes: list[str] = []
     if built:
         changes.append(f"built image {image}")
+    slurm = slurm or lab_slurm.has_slurm(client, name)
+    if slurm:
+        if base is not None:
+            raise ConfigError("--slurm and --from-image: a Slurm lab's hosts start from its own "
+                              "image (apt-get install slurm-wlm munge on the host image)")
+        base, built = lab_slurm.ensure_image(client, image, progress)
+        if built:
+            changes.append(f"built image {base}")
     if lab_hosts.ensure_network(client, name):
         changes.append(f"created network {network_name(name)}")
     directory = lab_dir(name)
@@ -93,7 +105,8 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
     changes += ensure_repo(client, name, image, progress)
 
     taken: set[int] = set()
-    hosts = _ensure_hosts(client, name, count, base or image, taken, changes, progress)
+    mounts = lab_slurm.mounts(name) if slurm else None
+    hosts = _ensure_hosts(client, name, count, base or image, taken, changes, progress, mounts)
     public_key = key_file.with_suffix(".pub").read_text()
     for host in hosts:
         container = client.containers.get(host.container)
@@ -107,14 +120,20 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
         lab_registry, made = ensure_registry(client, name, image, taken, progress)
         changes += made
 
+    lab_cluster = None
+    if slurm:
+        lab_cluster, made = lab_slurm.ensure_slurm(client, name, hosts, base or image, progress)
+        changes += made
+
     known_hosts = directory / "known_hosts"
     if write_if_changed(known_hosts, lab_hosts.render_known_hosts(hosts)):
         changes.append(f"wrote {known_hosts}")
     inventory = inventory_path(name)
     if write_if_changed(inventory, render_inventory(name, hosts, key_file, known_hosts,
-                                                    lab_registry)):
+                                                    lab_registry, slurm=slurm)):
         changes.append(f"wrote {inventory}")
-    return LabResult(name, inventory, known_hosts, key_file, hosts, changes, lab_registry)
+    return LabResult(name, inventory, known_hosts, key_file, hosts, changes, lab_registry,
+                     lab_cluster)
 
 
 def _check_base(client: Any, base: str) -> None:
@@ -128,7 +147,8 @@ def _check_base(client: Any, base: str) -> None:
 
 
 def _ensure_hosts(client: Any, name: str, count: int, image: str, taken: set[int],
-                  changes: list[str], progress: Progress) -> list[LabHost]:
+                  changes: list[str], progress: Progress,
+                  mounts: dict[str, dict[str, str]] | None = None) -> list[LabHost]:
     """Hosts 1..count running (those past ``count`` removed); their ports join ``taken``."""
     existing = lab_hosts.host_containers(client, name)
     for index, container in sorted(existing.items()):
@@ -144,7 +164,7 @@ def _ensure_hosts(client: Any, name: str, count: int, image: str, taken: set[int
             with lab_hosts.machine_lock():  # from the probed port to the container holding it
                 port = lab_hosts.pick_port(client, taken)
                 progress(f"creating {container_name(name, index)} (ssh on 127.0.0.1:{port})")
-                container = lab_hosts.create_host(client, name, index, image, port)
+                container = lab_hosts.create_host(client, name, index, image, port, mounts)
             changes.append(f"created {container.name}")
         else:
             port = int(container.labels[f"{LABEL}.port"])
@@ -162,16 +182,18 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
     filters = {"label": f"{LABEL}={name}" if name else LABEL}
     rows = []
     for c in client.containers.list(all=True, filters=filters):
-        if f"{LABEL}.index" not in c.labels:
+        controller = c.labels.get(f"{LABEL}.role") == lab_slurm.ROLE
+        if f"{LABEL}.index" not in c.labels and not controller:
             continue
         health = c.attrs.get("State", {}).get("Health", {}).get("Status")
         rows.append(
             {
                 "lab": c.labels[LABEL],
-                "host": host_name(c.labels[LABEL], int(c.labels[f"{LABEL}.index"])),
+                "host": (f"{c.name} (slurmctld)" if controller
+                         else host_name(c.labels[LABEL], int(c.labels[f"{LABEL}.index"]))),
                 "container": c.name,
                 "state": c.status + (f" ({health})" if health else ""),
-                "ssh": f"127.0.0.1:{c.labels.get(f'{LABEL}.port', '?')}",
+                "ssh": "" if controller else f"127.0.0.1:{c.labels.get(f'{LABEL}.port', '?')}",
                 "image": c.labels.get(f"{LABEL}.image", ""),
             }
         )

@@ -113,6 +113,68 @@ def docker_host_image() -> str:
     return tag
 
 
+class SlurmLab:
+    """A lab with a Slurm cluster (`umprov lab up --slurm`): its `lab up --json` document, and
+    Slurm's own commands run on its controller."""
+
+    def __init__(self, up: dict[str, Any]) -> None:
+        self.up = up
+        self.name: str = up["lab"]
+        self.inventory = Path(up["inventory"])
+        self.controller: str = up["slurm"]["controller"]
+        self.nodes: list[str] = up["slurm"]["nodes"]
+        self.key_file = Path(up["key_file"])
+        self.known_hosts = Path(up["known_hosts"])
+        self.ports = {h["name"]: h["port"] for h in up["hosts"]}
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``argv`` on the controller as root (scontrol, sinfo, squeue, sbatch)."""
+        done = subprocess.run(["docker", "exec", self.controller, *argv], capture_output=True,
+                              text=True, timeout=60)
+        if check:
+            assert done.returncode == 0, f"{argv}: {done.stdout}{done.stderr}"
+        return done
+
+    def nodes_now(self) -> dict[str, tuple[str, str]]:
+        """sinfo's view, node -> (state, reason): ``sinfo -h -N -o '%N|%T|%E'``."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N|%T|%E").stdout
+        rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") == 2]
+        return {node: (state, "" if reason == "none" else reason) for node, state, reason in rows}
+
+    def ssh(self, node: str, command: str) -> subprocess.CompletedProcess[str]:
+        return ssh(self.key_file, self.known_hosts, self.ports[node], command)
+
+
+def slurm_lab_up(name: str, hosts: int) -> SlurmLab:
+    """`umprov lab up --slurm` (idempotent: completes a lab of that name left from before)."""
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+
+    up = CliRunner().invoke(_Boundary("umprov"), ["lab", "up", "--slurm", "--name", name,
+                                                  "--hosts", str(hosts), "--json"],
+                            catch_exceptions=False)
+    assert up.exit_code == 0, up.stderr[-3000:]
+    return SlurmLab(json.loads(up.stdout))
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(request: pytest.FixtureRequest) -> Iterator[SlurmLab]:
+    """One Slurm lab for the module: its name from the module's SLURM_LAB (default
+    "pytest-slurm", with UMPROV_TEST_LAB_PREFIX), its size from SLURM_HOSTS (default 4).
+    Taken down afterwards unless UMPROV_KEEP_LAB=1 (then a re-run completes it: faster)."""
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+
+    name = lab_name(getattr(request.module, "SLURM_LAB", "pytest-slurm"))
+    lab = slurm_lab_up(name, getattr(request.module, "SLURM_HOSTS", 4))
+    yield lab
+    if not os.environ.get("UMPROV_KEEP_LAB"):
+        CliRunner().invoke(_Boundary("umprov"), ["lab", "down", "--name", name],
+                           catch_exceptions=False)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/lab/" in str(item.fspath):

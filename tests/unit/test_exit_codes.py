@@ -21,6 +21,7 @@ from umprov.errors import (
     EnvironmentProblem,
     ExitCode,
     InventoryError,
+    SchedulerFailed,
     Terminated,
     TrustError,
     UmprovError,
@@ -125,6 +126,18 @@ def scenario(code: int, inventory: Path, pubkey: Path, monkeypatch: pytest.Monke
     if code in (ExitCode.VERIFY_WARN, ExitCode.VERIFY_FAIL):
         fake_verify(monkeypatch, "warn" if code == ExitCode.VERIFY_WARN else "fail")
         return ["verify", str(inventory)]
+    if code == ExitCode.SCHEDULER:  # srun refused the job (the Slurm launcher's run, faked)
+        import umprov.verify.multinode as multinode
+
+        def refused(*_a: Any, **_k: Any) -> list[dict]:
+            raise SchedulerFailed("ctl: srun failed (exit 1): srun: error: Invalid partition")
+
+        monkeypatch.setattr(multinode, "verify_multinode", refused)
+        inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n"
+                             "    gpu2: {ansible_host: 10.0.0.2}\n  children:\n"
+                             "    slurm_controller:\n      hosts:\n"
+                             "        ctl: {ansible_host: 10.0.0.3}\n")
+        return ["verify", str(inventory), "--multi-node", "--launcher", "slurm"]
     raise AssertionError(code)
 
 

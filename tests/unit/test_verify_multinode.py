@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.unit.fakes import EngineHost, fake_fleet
 from umprov.errors import ConfigError
 from umprov.verify import report
 from umprov.verify.bundle import agent_zipapp
@@ -268,102 +269,21 @@ def test_worker_gloo_two_nodes_on_loopback(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Orchestration with a fake docker SDK: clean-up on every path
-
-
-class _Res:
-    def __init__(self, code: int, out: str) -> None:
-        self.exit_code, self.output = code, out.encode()
-
-
-class _FakeContainer:
-    def __init__(self, name: str, log: list[str]) -> None:
-        self.name, self.log = name, log
-
-    def exec_run(self, cmd: list[str], demux: bool = False) -> _Res:
-        text = " ".join(cmd)
-        if "--net-info" in text:
-            return _Res(0, 'PY=/usr/bin/python3\n0\n{"route": {"ip": "10.9.0.2", '
-                           '"ifname": "eth0"}, "addresses": {}}')
-        return _Res(0, "")
-
-    def put_archive(self, path: str, data: bytes) -> bool:
-        return True
-
-    def remove(self, force: bool = False) -> None:
-        self.log.append(f"removed {self.name}")
-
-
-class _FakeImage:
-    id = "sha256:feed"
-
-
-class _FakeDeployed:
-    image = _FakeImage()
-    attrs = {"Config": {"Image": "umprov/pytorch-cuda:x"}, "HostConfig": {}}
-
-
-class _FakeContainers:
-    def __init__(self, host: str, log: list[str]) -> None:
-        self.host, self.log = host, log
-
-    def get(self, name: str) -> _FakeDeployed:
-        return _FakeDeployed()
-
-    def run(self, **kw: object) -> _FakeContainer:
-        assert kw["network_mode"] == "host"
-        self.log.append(f"started {self.host}")
-        return _FakeContainer(f"{self.host}:{kw['name']}", self.log)
-
-    def list(self, **kw: object) -> list:
-        return []
-
-
-class _FakeClient:
-    def __init__(self, host: str, log: list[str]) -> None:
-        self.containers = _FakeContainers(host, log)
-
-    def ping(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
-
-class _H:
-    def __init__(self, name: str, address: str = "127.0.0.1", **hv: object) -> None:
-        self.name, self.address, self.port, self.vars = name, address, 22, {"umprov_container_limits": False,
-                                                                            **hv}
-
-
-def _fake_fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, down: set[str]) -> list[str]:
-    import umprov.hosts.engine
-    from umprov.errors import Unreachable
-
-    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))  # the agent's zipapp cache
-    log: list[str] = []
-
-    def client(host: _H, **_kw: object) -> _FakeClient:
-        if host.name in down:
-            raise Unreachable(f"{host.name}: connection refused")
-        return _FakeClient(host.name, log)
-
-    monkeypatch.setattr(umprov.hosts.engine, "docker_client", client)
-    return log
+# Orchestration with a fake docker SDK (tests/unit/fakes.py): clean-up on every path
 
 
 def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch,
                                         tmp_path: Path) -> None:
     from umprov.verify import multinode
 
-    log = _fake_fleet(monkeypatch, tmp_path, down=set())
+    log = fake_fleet(monkeypatch, tmp_path, down=set())
 
     def interrupted(*_a: object, **_k: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(multinode, "_launch_all", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        multinode.verify_multinode([_H("a"), _H("b"), _H("c")],
+        multinode.verify_multinode([EngineHost("a"), EngineHost("b"), EngineHost("c")],
                                    MultiNodeOptions(backend="gloo", timeout=5))
     assert {x.split()[1].split(":")[0] for x in log if x.startswith("removed")} == {"a", "b", "c"}
     assert sum(x.startswith("started") for x in log) == 3
@@ -374,10 +294,10 @@ def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPat
                                                    tmp_path: Path) -> None:
     from umprov.verify import multinode
 
-    log = _fake_fleet(monkeypatch, tmp_path, down={"c"})
+    log = fake_fleet(monkeypatch, tmp_path, down={"c"})
     launched: list[str] = []
     monkeypatch.setattr(multinode, "_launch_all", lambda *a, **k: launched.append("x"))
-    docs = multinode.verify_multinode([_H("a"), _H("b"), _H("c")],
+    docs = multinode.verify_multinode([EngineHost("a"), EngineHost("b"), EngineHost("c")],
                                       MultiNodeOptions(backend="gloo", timeout=5))
     assert launched == []  # the job is not started without every host
     by_host = {d["host"]: d for d in docs}
@@ -390,10 +310,10 @@ def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPat
 def test_rendezvous_address_from_the_first_host() -> None:
     from umprov.verify import multinode
 
-    lab = multinode._Host(_H("a"))
+    lab = multinode.HostState(EngineHost("a"))
     lab.net = {"route": {"ip": "172.30.0.2", "ifname": "eth0"}}
     assert multinode._rendezvous([lab], MultiNodeOptions()) == "172.30.0.2:29400"
-    real = multinode._Host(_H("a", "10.0.0.5", umprov_rendezvous_port=29123))
+    real = multinode.HostState(EngineHost("a", "10.0.0.5", umprov_rendezvous_port=29123))
     assert multinode._rendezvous([real], MultiNodeOptions()) == "10.0.0.5:29123"
     assert multinode._rendezvous([real], MultiNodeOptions(rendezvous="head:1")) == "head:1"
 

@@ -59,6 +59,18 @@ if TYPE_CHECKING:
               "address and umprov_rendezvous_port).")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), metavar="N",
               help="With --multi-node: ranks per host (default: its GPUs; gloo: 1).")
+@click.option("--launcher", type=click.Choice(["ssh", "slurm"]), default="ssh",
+              show_default=True, help="With --multi-node: who starts torchrun on each host: "
+              "umprov over SSH, or one srun on a Slurm submit host (docs/slurm.md).")
+@click.option("--slurm-submit-host", metavar="HOST",
+              help="With --launcher slurm: the inventory host srun runs on (default: the first "
+              "host of group slurm_controller).")
+@click.option("--slurm-partition", metavar="NAME", help="With --launcher slurm: srun's "
+              "--partition.")
+@click.option("--slurm-account", metavar="NAME", help="With --launcher slurm: srun's --account.")
+@click.option("--events", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              metavar="DIR", help="With --multi-node: judge the folder a job submitted with "
+              "docs/examples/multinode.sbatch left (no host is contacted).")
 @click.option("--all-rows/--problems-only", default=True, show_default=True,
               help="Table rows for every check, or only warnings and failures.")
 @json_option
@@ -84,6 +96,11 @@ def verify(
     backend: str,
     rendezvous: str | None,
     nproc_per_node: int | None,
+    launcher: str,
+    slurm_submit_host: str | None,
+    slurm_partition: str | None,
+    slurm_account: str | None,
+    events: Path | None,
     all_rows: bool,
     as_json: bool,
 ) -> int:
@@ -101,6 +118,8 @@ def verify(
     umprov verify hosts --prometheus /var/lib/node_exporter/textfile
     umprov verify hosts --html verify.html      a page to look at; umprov report: trends
     umprov verify hosts --multi-node            one torchrun job over every host's GPUs
+    umprov verify hosts --multi-node --launcher slurm   the same job, started by srun
+    umprov verify --multi-node --events umprov-mn-4242  judge a job run with sbatch
     umprov verify --local --duration 10m        a ten-minute burn-in after the checks
     """
     from umprov.errors import ConfigError
@@ -126,8 +145,18 @@ def verify(
                           "--multi-node do not apply")
     if python and not local:
         raise ConfigError("--python applies to --local only")
-    if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"):
-        raise ConfigError("--backend, --rendezvous and --nproc-per-node apply to --multi-node")
+    if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"
+                           or launcher != "ssh"):
+        raise ConfigError("--backend, --rendezvous, --nproc-per-node and --launcher apply to "
+                          "--multi-node")
+    if events and (not multi_node or inventory.sources or launcher != "ssh" or rendezvous):
+        raise ConfigError("--events judges a finished job: with --multi-node, without an "
+                          "INVENTORY, --launcher or --rendezvous")
+    slurm = {"submit_host": slurm_submit_host, "partition": slurm_partition,
+             "account": slurm_account}
+    if launcher != "slurm" and any(slurm.values()):
+        raise ConfigError("--slurm-submit-host, --slurm-partition and --slurm-account apply to "
+                          "--launcher slurm")
     if multi_node and (local or image or quick or profile_file or profile_name
                        or expected_gpus is not None or seconds or exclusive):
         raise ConfigError("--multi-node runs in the deployed containers' image; --local, "
@@ -141,10 +170,15 @@ def verify(
                               f"(known: {', '.join(sorted(known))})")
         overrides = {**overrides, "profile": profile_name}
     started = time.monotonic()
-    if multi_node:
+    if events:
+        from umprov.verify.multinode_files import judge_job_dir
+
+        docs = judge_job_dir(events)
+    elif multi_node:
         docs = run_multinode(inventory, limit=limit, backend=backend, rendezvous=rendezvous,
                              timeout=timeout, nproc_per_node=nproc_per_node,
-                             trust_new=trust_new_hosts)
+                             trust_new=trust_new_hosts,
+                             slurm=slurm if launcher == "slurm" else None)
     elif local:
         docs = [run_local(quick=quick, timeout=timeout, expected_gpus=expected_gpus,
                           overrides=overrides, python=python, duration=seconds,
@@ -205,15 +239,26 @@ def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool
 
 def run_multinode(inventory: InventoryRequest, *, limit: str | None, backend: str,
                   rendezvous: str | None, timeout: float, nproc_per_node: int | None,
-                  trust_new: bool) -> list[dict]:
+                  trust_new: bool, slurm: dict[str, str | None] | None = None) -> list[dict]:
+    """The multi-node job; ``slurm`` (submit_host, partition, account): Slurm launches it."""
     from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
     from umprov.verify.multinode import MultiNodeOptions, parse_endpoint, verify_multinode
 
     if rendezvous:
         parse_endpoint(rendezvous)  # a bad value fails before any host is touched
-    hosts = list(load_inventory(inventory).select(limit))
+    inv = load_inventory(inventory)
+    hosts = list(inv.select(limit))
+    launcher = None
+    if slurm is not None:
+        from umprov.verify import slurm_launch as sl
+
+        hosts = sl.compute_hosts(hosts, limited=limit is not None)
+        submit = sl.pick_submit_host(inv.hosts, slurm["submit_host"], inv.source)
+        launcher = sl.SlurmLauncher(submit, sl.SlurmOptions(slurm["partition"], slurm["account"]),
+                                    trust_new=trust_new)
     opts = MultiNodeOptions(backend=backend, rendezvous=rendezvous, timeout=timeout,
                             nproc_per_node=nproc_per_node, trust_new=trust_new)
-    with HostProgress([h.name for h in hosts]) as progress:
-        return verify_multinode(hosts, opts, progress=progress)
+    names = [h.name for h in hosts] + ([launcher.submit.name] if launcher else [])
+    with HostProgress(list(dict.fromkeys(names))) as progress:
+        return verify_multinode(hosts, opts, progress=progress, launcher=launcher)

@@ -14,7 +14,13 @@ Flow (``verify_multinode``), every stage under a deadline:
    the agent ``--child multinode`` and writes JSON lines (events) to a file per rank;
 4. collect the event files and judge here (exact values, bus bandwidth against
    ``umprov_internode_busbw_gbps``);
-5. always (success, failure, Ctrl-C): remove every throwaway container, which ends torchrun.
+5. always (success, failure, Ctrl-C): stop the launcher (Slurm: cancel the job), then remove
+   every throwaway container, which ends torchrun.
+
+Step 3 is the launcher's: ``SshLauncher`` (the default) execs torchrun in each container over
+the engine's SSH connection; ``umprov.verify.slurm_launch.SlurmLauncher`` has one ``srun`` on a
+submit host start a task per node that execs the same script in that node's container. Both
+plan the same torchrun (``plan_torchrun``) and read the same event files (``read_ranks``).
 
 A host that cannot be prepared never joins: it is named so, and the job is not started (the
 others would only wait for it). A reachable host that does not reach the rendezvous is named by
@@ -30,7 +36,7 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import is_loopback
@@ -154,6 +160,11 @@ def shell_script(cmd: Sequence[str], env: Mapping[str, str], *, workdir: str,
             f"export {exports}; exec $T {quoted} 2>&1")
 
 
+def container_name(run_id: str) -> str:
+    """The throwaway container's name, the same on every host of a run."""
+    return f"umprov-mn-{run_id.removeprefix('umprov-')}"
+
+
 def nproc_for(backend: str, gpus: int, override: int | None) -> int:
     if override:
         return override
@@ -190,7 +201,7 @@ def container_kwargs(image: str, name: str, run_id: str, deployed_host_config: M
     return kw
 
 
-class _Host:
+class HostState:
     """Live state of one host during a run (client, container) beside its HostRun."""
 
     def __init__(self, host: Any) -> None:
@@ -203,8 +214,40 @@ class _Host:
         self.run_id = ""
 
 
+class Launcher(Protocol):
+    """Starts torchrun on every prepared host (step 3), and stops what it started."""
+
+    name: str
+
+    def open(self, progress: Progress) -> None:
+        """Before any host is prepared: check what the launcher itself needs."""
+
+    def launch(self, states: list[HostState], opts: MultiNodeOptions, endpoint: str,
+               run_id: str, progress: Progress) -> None:
+        """Run the job; fill in each host's run (rc, output, ranks)."""
+
+    def stop(self, progress: Progress) -> None:
+        """Always, before the containers go: end what was started (success, error, Ctrl-C)."""
+
+
+class SshLauncher:
+    """torchrun exec'd in each host's container over its engine connection."""
+
+    name = "ssh"
+
+    def open(self, progress: Progress) -> None:
+        return None
+
+    def launch(self, states: list[HostState], opts: MultiNodeOptions, endpoint: str,
+               run_id: str, progress: Progress) -> None:
+        _launch_all(states, opts, endpoint, run_id, progress)
+
+    def stop(self, progress: Progress) -> None:
+        return None  # removing the containers ends torchrun
+
+
 def verify_multinode(hosts: Sequence[Any], opts: MultiNodeOptions, *,
-                     progress: Progress = quiet) -> list[dict]:
+                     progress: Progress = quiet, launcher: Launcher | None = None) -> list[dict]:
     """Run the job over ``hosts``; one host document each. Never leaves a container behind."""
     if opts.backend not in ("nccl", "gloo"):
         raise ConfigError(f"--backend {opts.backend!r}: nccl or gloo")
@@ -212,11 +255,13 @@ def verify_multinode(hosts: Sequence[Any], opts: MultiNodeOptions, *,
         raise ConfigError("--multi-node needs two or more hosts")
     started = time.monotonic()
     run_id = f"umprov-{secrets.token_hex(4)}"
-    states = [_Host(h) for h in hosts]
+    states = [HostState(h) for h in hosts]
     for st in states:
         st.run_id = run_id
     endpoint: str | None = None
+    launcher = launcher or SshLauncher()
     try:
+        launcher.open(progress)
         for st, res in zip(states, settle(lambda s: _prepare(s, opts, run_id, progress),
                                           states, opts.timeout + 60), strict=True):
             if isinstance(res, BaseException):
@@ -225,22 +270,25 @@ def verify_multinode(hosts: Sequence[Any], opts: MultiNodeOptions, *,
         ready = [s for s in states if not s.run.error]
         if len(ready) == len(states):
             endpoint = _rendezvous(states, opts)
-            _launch_all(states, opts, endpoint, run_id, progress)
+            launcher.launch(states, opts, endpoint, run_id, progress)
     finally:
-        _cleanup(states, progress)
+        try:
+            launcher.stop(progress)
+        finally:
+            _cleanup(states, progress)
     first = states[0].run.vars if states else {}
     expected = first.get("umprov_internode_busbw_gbps")
     return host_reports([s.run for s in states], backend=opts.backend, endpoint=endpoint,
                         rdzv_id=run_id, timeout=opts.timeout,
-                        wall_s=time.monotonic() - started,
+                        wall_s=time.monotonic() - started, launcher=launcher.name,
                         expected_busbw=float(expected) if expected is not None else None)
 
 
-def _failed(st: _Host, stage: str, why: str, hint: str = "investigate") -> None:
+def _failed(st: HostState, stage: str, why: str, hint: str = "investigate") -> None:
     st.run.stage, st.run.error, st.run.hint = stage, why, hint
 
 
-def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
+def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
     from umprov.hosts.engine import docker_client
     from umprov.verify.bundle import agent_zipapp
 
@@ -265,7 +313,7 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
                        "config")
     st.run.image = (deployed.attrs.get("Config") or {}).get("Image") or deployed.image.id
     progress(name, "starting a host-network container")
-    kwargs = container_kwargs(deployed.image.id, f"umprov-mn-{run_id[7:]}", run_id,
+    kwargs = container_kwargs(deployed.image.id, container_name(run_id), run_id,
                               deployed.attrs.get("HostConfig") or {},
                               raise_limits=flag(st.run.vars.get("umprov_container_limits"),
                                                 default=True))
@@ -304,7 +352,7 @@ def _prepare(st: _Host, opts: MultiNodeOptions, run_id: str, progress: Progress)
     return None
 
 
-def _rendezvous(states: list[_Host], opts: MultiNodeOptions) -> str:
+def _rendezvous(states: list[HostState], opts: MultiNodeOptions) -> str:
     head = states[0]
     port = rendezvous_port(head.run.vars)
     if opts.rendezvous:
@@ -316,35 +364,42 @@ def _rendezvous(states: list[_Host], opts: MultiNodeOptions) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
-def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_id: str,
-                progress: Progress) -> None:
+def plan_torchrun(st: HostState, states: list[HostState], opts: MultiNodeOptions,
+                  endpoint: str, run_id: str) -> str:
+    """The ``sh -c`` script that runs torchrun on this host (both launchers): its local address
+    (the one that routes to the rendezvous) and environment go into its run."""
     rdzv_host, _port_no = parse_endpoint(endpoint)
+    run = st.run
+    rc, out = exec_in(st.container, [st.python, f"{WORKDIR}/{AGENT_NAME}", "--net-info",
+                                   rdzv_host], 60)
+    with contextlib.suppress(ValueError):
+        st.net = json.loads(out.strip().splitlines()[-1]) if rc == 0 else st.net
+    route = st.net.get("route") or {}
+    addr = st.host.address
+    run.local_addr = route.get("ip") if is_loopback(addr) else addr
+    run.env = node_env(run.vars, route.get("ifname"))
+    cmd = torchrun_command(
+        python=st.python, agent=f"{WORKDIR}/{AGENT_NAME}", nnodes=len(states), nproc=run.nproc,
+        endpoint=endpoint, rdzv_id=run_id, join_timeout=opts.timeout,
+        local_addr=run.local_addr, is_host=st is states[0] and not opts.rendezvous,
+        opts_path=f"{WORKDIR}/opts.json", out_prefix=f"{WORKDIR}/rank")
+    return shell_script(cmd, run.env, workdir=WORKDIR, deadline=opts.run_deadline())
+
+
+def _launch_all(states: list[HostState], opts: MultiNodeOptions, endpoint: str, run_id: str,
+                progress: Progress) -> None:
     deadline = opts.run_deadline()
 
-    def launch(st: _Host) -> None:
+    def launch(st: HostState) -> None:
         run = st.run
-        rc, out = exec_in(st.container, [st.python, f"{WORKDIR}/{AGENT_NAME}", "--net-info",
-                                       rdzv_host], 60)
-        with contextlib.suppress(ValueError):
-            st.net = json.loads(out.strip().splitlines()[-1]) if rc == 0 else st.net
-        route = st.net.get("route") or {}
-        addr = st.host.address
-        run.local_addr = route.get("ip") if is_loopback(addr) else addr
-        run.env = node_env(run.vars, route.get("ifname"))
-        cmd = torchrun_command(
-            python=st.python, agent=f"{WORKDIR}/{AGENT_NAME}", nnodes=len(states), nproc=run.nproc,
-            endpoint=endpoint, rdzv_id=run_id, join_timeout=opts.timeout,
-            local_addr=run.local_addr, is_host=st is states[0] and not opts.rendezvous,
-            opts_path=f"{WORKDIR}/opts.json", out_prefix=f"{WORKDIR}/rank")
+        script = plan_torchrun(st, states, opts, endpoint, run_id)
         run.stage, run.launched_at = "launched", time.time()
         progress(run.name, "torchrun started")
-        rc, out = exec_in(st.container, ["sh", "-c", shell_script(cmd, run.env, workdir=WORKDIR,
-                                                                deadline=deadline)],
-                        deadline + 30)
+        rc, out = exec_in(st.container, ["sh", "-c", script], deadline + 30)
         run.finished_at = time.time()
         run.rc, run.output = (None if rc in (None, 124, 137) else rc), out
         run.stage = "finished"
-        run.ranks = _read_ranks(st)
+        run.ranks = read_ranks(st)
         progress(run.name, f"torchrun ended ({'deadline' if run.rc is None else run.rc})")
 
     for st, res in zip(states, settle(launch, states, deadline + 120), strict=True):
@@ -352,7 +407,8 @@ def _launch_all(states: list[_Host], opts: MultiNodeOptions, endpoint: str, run_
             st.run.output = st.run.output or engine_error(res, named=True)
 
 
-def _read_ranks(st: _Host) -> dict[int, list[dict]]:
+def read_ranks(st: HostState) -> dict[int, list[dict]]:
+    """Each rank's events, from the files the ranks wrote in the host's container."""
     rc, out = exec_in(st.container, ["sh", "-c", f"cd {WORKDIR} && for f in rank.*; do "
                                    "[ -f \"$f\" ] && echo \"### $f\" && cat \"$f\"; done"], 60)
     ranks: dict[int, list[dict]] = {}
@@ -368,10 +424,10 @@ def _read_ranks(st: _Host) -> dict[int, list[dict]]:
     return ranks
 
 
-def _cleanup(states: list[_Host], progress: Progress) -> None:
+def _cleanup(states: list[HostState], progress: Progress) -> None:
     """Remove every throwaway container (ending torchrun and its ranks), then the clients."""
 
-    def remove(st: _Host) -> None:
+    def remove(st: HostState) -> None:
         if st.client is not None and st.container is None:  # a start still under way
             with contextlib.suppress(Exception):
                 for c in st.client.containers.list(all=True, filters={"label": LABEL}):

@@ -50,6 +50,7 @@ class HostRun:
     prepare_s: float = 0.0
     launched_at: float | None = None  # time.time() when torchrun was started
     finished_at: float | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # the launcher's (Slurm: job, node)
 
 
 def _first(evs: Sequence[dict], kind: str, **match: Any) -> dict | None:
@@ -83,7 +84,8 @@ def judge_busbw(measured: float | None, expected: float | None, backend: str,
 
 
 def host_reports(runs: Sequence[HostRun], *, backend: str, endpoint: str | None, rdzv_id: str,
-                 timeout: float, wall_s: float, expected_busbw: float | None = None) -> list[dict]:
+                 timeout: float, wall_s: float, expected_busbw: float | None = None,
+                 launcher: str = "ssh") -> list[dict]:
     """One host document (schema umprov.verify.host) per host, mode "multi-node"."""
     missing = [r.name for r in runs if r.error]
     # Launched but never joined: those that waited at the rendezvous until its timeout, and
@@ -105,7 +107,7 @@ def host_reports(runs: Sequence[HostRun], *, backend: str, endpoint: str | None,
             "nnodes": len(runs), "nproc_per_node": run.nproc, "world_size": world,
             "image": run.image, "container": run.container, "network_mode": "host",
             "local_addr": run.local_addr, "env": dict(run.env), "torchrun_rc": run.rc,
-            "timings": timings(run),
+            "timings": timings(run), "launcher": launcher, **run.facts,
         }
         if run.error:
             rec("multinode.join", "fail", hint=run.hint, reason="error",

@@ -31,7 +31,13 @@ POLL_S = 10.0
 
 def node_name() -> str:
     """Slurm's name for this node (slurmd sets SLURMD_NODENAME for the programs it runs)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return os.environ.get("SLURMD_NODENAME") or short_name(socket.gethostname())
+
+
+def short_name(hostname: str) -> str:
+    """A host's Slurm NodeName unless configured otherwise: its short host name (also
+    umprov verify --launcher slurm's rule, umprov/verify/slurm_launch.py)."""
+    return hostname.split(".")[0]
 
 
 def scheduler(args: argparse.Namespace) -> Slurm | Hooks:
