@@ -44,10 +44,7 @@ def docker_engine(progress: Progress = quiet, *, start: bool = True) -> Any:
     log = state_dir() / "logs" / "dockerd.log"
     log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     progress(f"starting dockerd (log: {log})")
-    with open(log, "ab") as fh:
-        subprocess.Popen(  # noqa: S603 - fixed argv, found on PATH above
-            [dockerd], stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+    start_detached([dockerd], log)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -57,6 +54,20 @@ def docker_engine(progress: Progress = quiet, *, start: bool = True) -> Any:
         except DockerException:
             time.sleep(0.5)
     raise EnvironmentProblem(f"dockerd did not answer within 60 s; see {log}")
+
+
+def start_detached(argv: list[str], log: Path) -> None:
+    """Start ``argv`` as a daemon: its own session, and not this process's child (the
+    intermediate process exits at once), so no process-tree clean-up of the caller (a test's,
+    umprov's after an interrupt) can take the machine's engine down with it."""
+    setsid = shutil.which("setsid")  # util-linux: on every Debian
+    if setsid is None:
+        raise EnvironmentProblem("setsid (util-linux) is not installed: it starts dockerd")
+    with open(log, "ab") as fh:
+        subprocess.run(  # noqa: S603 - fixed argv, found on PATH
+            [setsid, "--fork", *argv], stdout=fh, stderr=fh, stdin=subprocess.DEVNULL,
+            check=True, timeout=30,
+        )
 
 
 # Every lab host runs systemd (and its own dockerd), each holding inotify instances; past about

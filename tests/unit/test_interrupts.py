@@ -259,6 +259,9 @@ def test_stop_playbook_ends_the_whole_tree_when_sigint_is_not_enough(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
+    # Another child of this process (a Docker engine the lab started, say) is not the
+    # playbook's: it must outlive the stop.
+    bystander = subprocess.Popen(["sleep", "62"], start_new_session=True)
     proc = _fake_playbook()
     tree = [_read(proc.pid), *_wait_children(proc.pid)]
     runner_thread = threading.Thread(target=proc.wait, daemon=True)  # ansible-runner's thread
@@ -274,6 +277,9 @@ def test_stop_playbook_ends_the_whole_tree_when_sigint_is_not_enough(
     assert cancel.is_set()
     assert [p for p in tree if procs.alive(p)] == []
     assert "env" not in (artifacts / "command").read_text()
+    assert bystander.poll() is None
+    bystander.kill()
+    bystander.wait()
 
 
 def _read(pid: int) -> procs.Proc:

@@ -35,3 +35,27 @@ def test_limit_that_cannot_be_raised_names_the_sysctl(
     monkeypatch.setattr(Path, "write_text", refuse)
     with pytest.raises(EnvironmentProblem, match=r"sysctl -w fs.inotify.max_user_instances=8192"):
         engine.ensure_inotify_limits()
+
+
+def test_the_engine_the_lab_starts_is_no_child_of_the_caller(tmp_path: Path) -> None:
+    # A caller's process-tree clean-up (umprov after Ctrl-C, a test's) must not reach dockerd.
+    import os
+    import sys
+    import time
+    import uuid
+
+    from umprov import procs
+
+    mark = uuid.uuid4().hex
+    daemon = [sys.executable, "-c", "import time; time.sleep(30)", mark]
+    engine.start_detached(daemon, tmp_path / "daemon.log")
+    deadline = time.monotonic() + 10
+    while not (started := [p for p in procs.processes() if mark in p.cmdline]):
+        assert time.monotonic() < deadline, "the daemon did not start"
+        time.sleep(0.05)
+    try:
+        assert not [p for p in procs.descendants() if mark in p.cmdline]
+        assert all(p.pgid == p.pid for p in started)  # a session of its own
+    finally:
+        for proc in started:
+            os.kill(proc.pid, 9)

@@ -201,8 +201,11 @@ def stop_playbook(thread: threading.Thread, cancel: threading.Event, runner: Any
 
     from umprov import procs
 
-    tree = procs.descendants()
-    playbooks = [p for p in tree if p.ppid == os.getpid() and "ansible-playbook" in p.cmdline]
+    # Only the playbooks' own trees: this process may have other children (an engine a test
+    # started, a caller's workers) that are not ansible-playbook's to take down.
+    playbooks = [p for p in procs.descendants()
+                 if p.ppid == os.getpid() and "ansible-playbook" in p.cmdline]
+    tree = [q for p in playbooks for q in (p, *procs.descendants(p.pid))]
     try:
         for proc in playbooks:
             procs.signal_group(proc.pgid, signal.SIGINT)
