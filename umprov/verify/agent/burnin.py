@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from .gpu import share_of, skip_reason
+from .gpu import seconds_per_call, share_of, skip_reason
 from .profiles import select_profile
 from .runner import GiB, MiB
 from .schema import figure, record
@@ -96,20 +96,12 @@ class Load:
 
     def timed(self, fn: Any, reps: int) -> float:
         """Seconds per call, the GPU otherwise idle in this process (CUDA events on a GPU)."""
-        self.r.sync()
         if self.r.cpu:
             t0 = time.perf_counter()
             for _ in range(reps):
                 fn()
             return (time.perf_counter() - t0) / reps
-        cuda = self.torch.cuda
-        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000 / reps
+        return seconds_per_call(self.torch, fn, reps, warmup=0)
 
     def probe(self) -> dict:
         gemm_s = self.timed(lambda: self.torch.matmul(self.a, self.b, out=self.out), 20)

@@ -32,8 +32,10 @@ def skip_reason(nbytes: int, free: int) -> str | None:
             f"to spare, {free // MiB} MiB free on this GPU")
 
 
-def _elapsed(torch: Any, fn: Any, iters: int, warmup: int = 1) -> float:
-    """Seconds per call of fn on the current stream, by CUDA events."""
+def seconds_per_call(torch: Any, fn: Any, iters: int, warmup: int = 1,
+                     during: Any = None) -> float:
+    """Seconds per call of fn on the current stream, by CUDA events, the device idle before
+    the first timed call; ``during`` (if given) runs on the CPU while the calls are in flight."""
     for _ in range(warmup):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -42,6 +44,8 @@ def _elapsed(torch: Any, fn: Any, iters: int, warmup: int = 1) -> float:
     for _ in range(iters):
         fn()
     end.record()
+    if during is not None:
+        during()
     end.synchronize()
     return start.elapsed_time(end) / 1000.0 / iters
 
@@ -214,7 +218,7 @@ class GpuChild:
         dst.copy_(src)
         with HostLinkLock(self.dev_lock):
             # best of three short rounds: a health figure, robust to a moment of interference
-            secs = min(_elapsed(torch, lambda: dst.copy_(src), iters=7, warmup=1)
+            secs = min(seconds_per_call(torch, lambda: dst.copy_(src), iters=7, warmup=1)
                        for _ in range(3))
         gbps = 2 * n / secs / 1e9  # bytes read + written
         self.figures["hbm_copy_gbps"] = gbps
@@ -234,20 +238,14 @@ class GpuChild:
             def h2d() -> None:
                 devbuf.copy_(host, non_blocking=True)
 
-            for _ in range(2):
-                h2d()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(8):
-                h2d()
-            end.record()
-            time.sleep(0.03)
-            self.sample()  # PCIe link state while data crosses it
-            end.synchronize()
-            up = n * 8 / (start.elapsed_time(end) / 1000) / 1e9
-            down_s = _elapsed(torch, lambda: host.copy_(devbuf, non_blocking=True), iters=8,
-                              warmup=2)
+            def sample_link() -> None:  # PCIe link state while data crosses it
+                time.sleep(0.03)
+                self.sample()
+
+            up_s = seconds_per_call(torch, h2d, iters=8, warmup=2, during=sample_link)
+            up = n / up_s / 1e9
+            down_s = seconds_per_call(torch, lambda: host.copy_(devbuf, non_blocking=True),
+                                      iters=8, warmup=2)
             down = n / down_s / 1e9
         self.figures["h2d_gbps"], self.figures["d2h_gbps"] = up, down
         self.fig("pcie.h2d_pinned", up, "h2d_gbps", hint="reseat",
