@@ -167,7 +167,9 @@ def _write(path: Path, data: bytes) -> None:
             private_dir(path.parent)
             write_atomic(path, data, mode=0o600)
             return
-        except FileNotFoundError:  # a concurrent prune removed the (empty) folder: once more
+        # A concurrent prune removed the (empty) folder: once more. Path.mkdir says
+        # FileExistsError when the folder it found is gone by the time it looks again.
+        except (FileNotFoundError, FileExistsError):
             if attempt == 2:
                 raise
 
