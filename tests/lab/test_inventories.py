@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import LAB_IMAGE_TAG, lab_name
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(350)]
 
 # UMPROV_TEST_INVENTORIES_LAB: another lab name, for runs beside someone else's.
 NAME = lab_name("pytest-inv", "UMPROV_TEST_INVENTORIES_LAB")

@@ -51,7 +51,7 @@ import pytest
 from tests.conftest import REPO
 from tests.lab.conftest import LAB_IMAGE_TAG, image_build_lock, lab_name, ssh
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(550)]
 
 NAME = lab_name("secsweep")
 HOSTS = 4
