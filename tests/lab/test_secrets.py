@@ -5,9 +5,12 @@ with a private UMPROV_STATE_DIR and canary secrets in its environment and on its
 (`provision -e ansible_become_password=...`): lab up, inventory check, provision (the full
 site.yml), lab image (skipped when the tag is already on the engine, as the image is the
 same), deploy --push, a second deploy, status, status --connect and verify. stdout and stderr of
-each are kept. The first deploy and one status run with stderr on a pseudo-terminal, so what
-rich draws (live progress, tables) is swept as well as the plain text that CI logs show
-(provision runs plain: that is where failure messages are printed).
+each are kept. The hosts start from the Docker-converged snapshot (tests/lab/conftest.py's
+docker_host_image): the Docker role finds its work done, the other roles converge from scratch
+(installing Docker from scratch is test_provision's and the snapshot's own run). The first
+deploy and one status run with stderr on a pseudo-terminal, so what rich draws (live progress,
+tables) is swept as well as the plain text that CI logs show (provision runs plain: that is
+where failure messages are printed).
 
 Then the real secret values are read: the lab's SSH private key, the lab hosts' private host
 keys (through the local engine), each deployed container's private host key and each Jupyter
@@ -220,7 +223,7 @@ def summary_rows(text: str, title: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+def flow(tmp_path_factory: pytest.TempPathFactory, docker_host_image: str) -> Iterator[Flow]:
     state = tmp_path_factory.mktemp("secrets-state")
     state.chmod(0o700)
     outputs = tmp_path_factory.mktemp("secrets-outputs")
@@ -228,7 +231,8 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     f = Flow(state, outputs, reports, lab={})
     timings: dict[str, float] = {}
     try:
-        up = f.umprov("lab-up", "lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json")
+        up = f.umprov("lab-up", "lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json",
+                      "--from-image", docker_host_image)
         f.lab = up.json()
         inv = f.lab["inventory"]
         pub = str(f.key.with_suffix(".pub"))
