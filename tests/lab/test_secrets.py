@@ -337,6 +337,17 @@ def key_secret(label: str, private_pem: str, public_texts: list[str]) -> Secret:
     return Secret(label, "".join(lines), needles)
 
 
+def _cat(container: Any, path: str) -> tuple[int, str]:
+    """`cat PATH` on a lab host through the local engine. An empty answer with exit 0 is asked
+    again: docker exec has returned nothing under load (lab/umprov_lab/hosts.py's host_keys)."""
+    for attempt in range(3):
+        rc, out = container.exec_run(["cat", path])
+        if rc != 0 or out.strip():
+            break
+        time.sleep(0.5 * (attempt + 1))
+    return rc, out.decode()
+
+
 def _lab_host_private_keys(flow: Flow) -> list[Secret]:
     from umprov_lab.engine import docker_engine
 
@@ -346,11 +357,10 @@ def _lab_host_private_keys(flow: Flow) -> list[Secret]:
     for name in flow.names:
         container = client.containers.get(f"umprov-{name}")
         for kind in ("ed25519", "ecdsa", "rsa"):
-            rc, out = container.exec_run(["cat", f"/etc/ssh/ssh_host_{kind}_key"])
+            rc, key = _cat(container, f"/etc/ssh/ssh_host_{kind}_key")
             if rc == 0:
-                _, pub = container.exec_run(["cat", f"/etc/ssh/ssh_host_{kind}_key.pub"])
-                found.append(key_secret(f"host-key:{name}:{kind}", out.decode(),
-                                        [*public, pub.decode()]))
+                _, pub = _cat(container, f"/etc/ssh/ssh_host_{kind}_key.pub")
+                found.append(key_secret(f"host-key:{name}:{kind}", key, [*public, pub]))
     return found
 
 
