@@ -20,7 +20,7 @@ SIDE_BY_SIDE := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 help:
 	@echo "make demo       bring up the local lab and run umprov against it"
 	@echo "make test       the whole suite: lint, unit and lab tests (needs root or a Docker engine)"
-	@echo "make test-unit  fast tests only (no Docker, no network)"
+	@echo "make test-unit  fast tests only (no Docker, no network, none marked slow)"
 	@echo "make test-lab   integration tests against the local lab"
 	@echo "make test-gpu   GPU tests (needs an NVIDIA GPU; skipped without one)"
 	@echo "make lint       ruff, yamllint, ansible-lint"
@@ -60,17 +60,18 @@ demo: sysdeps venv
 	fi
 	@echo "demo done: lab '$(LAB)': inventory/lab/$(LAB).yml; 'umprov status --connect lab-$(LAB)-1' to log in; 'make lab-down LAB=$(LAB)' removes it"
 
-# Two phases over the paths in $(1): the tests marked `serial` (signals, elapsed-time bounds)
-# alone first, then all others side by side. The second phase's output ends the run, its last
-# line pytest's summary; it also repeats the first phase's (tests/conftest.py). Exit code 5 (no
-# test selected) counts as a pass in a phase; the recipe fails if either phase fails, and stops
-# after the first when it was interrupted (Ctrl-C: 2) or could not run (3, 4).
+# Two phases over the paths in $(1) ($(2): more of the marker expression, e.g. " and not slow"):
+# the `serial` tests (signals, elapsed-time bounds) alone first, then all others side by side.
+# The second phase's output ends the run, its last line pytest's summary; it also repeats the
+# first phase's (tests/conftest.py). Exit code 5 (no test selected) counts as a pass in a phase;
+# the recipe fails if either phase fails, and stops after the first when it was interrupted
+# (Ctrl-C: 2) or could not run (3, 4).
 define two_phases
 	@set -o pipefail; log=$$(mktemp); trap "rm -f $$log" EXIT; \
-	$(BIN)/pytest -m serial $$([ -t 1 ] && echo --color=yes) $(1) $(PYTEST_ARGS) | tee $$log; \
+	$(BIN)/pytest -m "serial$(2)" $$([ -t 1 ] && echo --color=yes) $(1) $(PYTEST_ARGS) | tee $$log; \
 	s=$$?; case $$s in 2|3|4) exit $$s;; 5) s=0;; esac; \
 	UMPROV_TEST_SERIAL_RESULT="$$(tail -n1 $$log | sed 's/\x1b\[[0-9;]*m//g')" \
-	$(BIN)/pytest -m "not serial" $(SIDE_BY_SIDE) $(1) $(PYTEST_ARGS); \
+	$(BIN)/pytest -m "not serial$(2)" $(SIDE_BY_SIDE) $(1) $(PYTEST_ARGS); \
 	p=$$?; [ $$p -eq 5 ] && p=0; \
 	[ $$s -eq 0 ] && [ $$p -eq 0 ]
 endef
@@ -80,7 +81,7 @@ test: sysdeps venv
 	$(call two_phases,tests)
 
 test-unit: venv
-	$(call two_phases,tests/unit)
+	$(call two_phases,tests/unit, and not slow)
 
 test-lab: sysdeps venv
 	$(call two_phases,tests/lab)

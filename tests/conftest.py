@@ -26,6 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The costliest files first. `make test` hands whole files to its workers in collection
+    order (--dist loadfile --no-loadscope-reorder): a long lab module that started late would
+    leave one worker running it alone at the end. A file declares its cost with
+    `pytest.mark.cost(SECONDS)` in its pytestmark (its wall time on a 2-core machine, beside
+    another worker); the others keep their order, and so does each file's tests (stable sort)."""
+    def cost(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("cost")
+        return float(marker.args[0]) if marker else 0.0
+
+    items.sort(key=lambda item: -cost(item))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """`make test` runs the `serial` tests first, alone (Makefile); the second phase's output,
     which ends the run, repeats that phase's summary line just above its own."""

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, ssh
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(680)]
 
 # UMPROV_TEST_DEPLOY_LAB: another lab name, for runs beside someone else's.
 NAME = lab_name("pytest-deploy", "UMPROV_TEST_DEPLOY_LAB")

@@ -6,7 +6,10 @@ hosts' SSH ports), templated addresses and ports, `~` paths for the key and the 
 file, and no ansible_ssh_common_args: OpenSSH under provision must use umprov's trust store.
 With a fresh state directory and an empty known_hosts file, provision refuses the unknown keys
 (exit 6, the message every command gives); `umprov trust` records them; then provision, deploy,
-status and verify all run through the vault-encrypted inventory.
+status and verify all run through the vault-encrypted inventory. The hosts start from the
+Docker-converged snapshot (tests/lab/conftest.py's docker_host_image): what is proved here is
+the inventory and the trust store, not installing Docker (test_interrupts does that from fresh
+hosts).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import LAB_IMAGE_TAG, lab_name
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(350)]
 
 # UMPROV_TEST_INVENTORIES_LAB: another lab name, for runs beside someone else's.
 NAME = lab_name("pytest-inv", "UMPROV_TEST_INVENTORIES_LAB")
@@ -86,7 +89,8 @@ def write_team_inventory(root: Path, lab: dict[str, Any], home: Path) -> Path:
 @pytest.fixture(scope="module", autouse=True)
 def team(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json")
+    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json",
+             "--from-image", request.getfixturevalue("docker_host_image"))
     assert up.exit_code == 0, up.stderr
     lab = json.loads(up.stdout)
     request.getfixturevalue("lab_image")  # built (or found) before HOME changes below

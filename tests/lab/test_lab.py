@@ -11,6 +11,8 @@ import pytest
 
 from tests.lab.conftest import lab_name, ssh
 
+pytestmark = pytest.mark.cost(80)
+
 NAME = lab_name("pytest-lifecycle")
 
 

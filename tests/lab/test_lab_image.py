@@ -17,6 +17,8 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import image_build_lock, lab_name
 
+pytestmark = pytest.mark.cost(175)
+
 TAG = f"umprov/pytorch-cuda:{lab_name('pytest-notorch')}"
 
 

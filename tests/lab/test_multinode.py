@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, umprov_argv
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(380)]
 
 NAME = lab_name("pytest-mn")
 TAG = LAB_IMAGE_TAG

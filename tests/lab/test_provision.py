@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from tests.conftest import _Boundary
 from tests.lab.conftest import lab_name, ssh_command
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(1200)]
 
 PROV = lab_name("pytest-prov")
 FAULTS = lab_name("pytest-faults")

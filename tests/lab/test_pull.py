@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, ssh
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(280)]
 
 NAME = lab_name("pytest-pull", "UMPROV_TEST_PULL_LAB")
 LOCAL_TAG = LAB_IMAGE_TAG

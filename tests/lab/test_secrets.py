@@ -5,9 +5,12 @@ with a private UMPROV_STATE_DIR and canary secrets in its environment and on its
 (`provision -e ansible_become_password=...`): lab up, inventory check, provision (the full
 site.yml), lab image (skipped when the tag is already on the engine, as the image is the
 same), deploy --push, a second deploy, status, status --connect and verify. stdout and stderr of
-each are kept. The first deploy and one status run with stderr on a pseudo-terminal, so what
-rich draws (live progress, tables) is swept as well as the plain text that CI logs show
-(provision runs plain: that is where failure messages are printed).
+each are kept. The hosts start from the Docker-converged snapshot (tests/lab/conftest.py's
+docker_host_image): the Docker role finds its work done, the other roles converge from scratch
+(installing Docker from scratch is test_provision's and the snapshot's own run). The first
+deploy and one status run with stderr on a pseudo-terminal, so what rich draws (live progress,
+tables) is swept as well as the plain text that CI logs show (provision runs plain: that is
+where failure messages are printed).
 
 Then the real secret values are read: the lab's SSH private key, the lab hosts' private host
 keys (through the local engine), each deployed container's private host key and each Jupyter
@@ -51,7 +54,7 @@ import pytest
 from tests.conftest import REPO
 from tests.lab.conftest import LAB_IMAGE_TAG, image_build_lock, lab_name, ssh
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(550)]
 
 NAME = lab_name("secsweep")
 HOSTS = 4
@@ -220,7 +223,7 @@ def summary_rows(text: str, title: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+def flow(tmp_path_factory: pytest.TempPathFactory, docker_host_image: str) -> Iterator[Flow]:
     state = tmp_path_factory.mktemp("secrets-state")
     state.chmod(0o700)
     outputs = tmp_path_factory.mktemp("secrets-outputs")
@@ -228,7 +231,8 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     f = Flow(state, outputs, reports, lab={})
     timings: dict[str, float] = {}
     try:
-        up = f.umprov("lab-up", "lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json")
+        up = f.umprov("lab-up", "lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json",
+                      "--from-image", docker_host_image)
         f.lab = up.json()
         inv = f.lab["inventory"]
         pub = str(f.key.with_suffix(".pub"))
@@ -333,6 +337,17 @@ def key_secret(label: str, private_pem: str, public_texts: list[str]) -> Secret:
     return Secret(label, "".join(lines), needles)
 
 
+def _cat(container: Any, path: str) -> tuple[int, str]:
+    """`cat PATH` on a lab host through the local engine. An empty answer with exit 0 is asked
+    again: docker exec has returned nothing under load (lab/umprov_lab/hosts.py's host_keys)."""
+    for attempt in range(3):
+        rc, out = container.exec_run(["cat", path])
+        if rc != 0 or out.strip():
+            break
+        time.sleep(0.5 * (attempt + 1))
+    return rc, out.decode()
+
+
 def _lab_host_private_keys(flow: Flow) -> list[Secret]:
     from umprov_lab.engine import docker_engine
 
@@ -342,11 +357,10 @@ def _lab_host_private_keys(flow: Flow) -> list[Secret]:
     for name in flow.names:
         container = client.containers.get(f"umprov-{name}")
         for kind in ("ed25519", "ecdsa", "rsa"):
-            rc, out = container.exec_run(["cat", f"/etc/ssh/ssh_host_{kind}_key"])
+            rc, key = _cat(container, f"/etc/ssh/ssh_host_{kind}_key")
             if rc == 0:
-                _, pub = container.exec_run(["cat", f"/etc/ssh/ssh_host_{kind}_key.pub"])
-                found.append(key_secret(f"host-key:{name}:{kind}", out.decode(),
-                                        [*public, pub.decode()]))
+                _, pub = _cat(container, f"/etc/ssh/ssh_host_{kind}_key.pub")
+                found.append(key_secret(f"host-key:{name}:{kind}", key, [*public, pub]))
     return found
 
 

@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.cost(60)
 
 
 def _tool(name: str) -> str | None:

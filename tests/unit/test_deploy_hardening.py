@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.unit.fakes import FakeHost
-from tests.unit.test_interrupts import FakeEngine
+from tests.unit.test_interrupt_aftermath import FakeEngine
 from umprov.deploy import options, outcome, rollout
 from umprov.deploy import spec as specs
 

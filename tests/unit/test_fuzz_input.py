@@ -29,6 +29,8 @@ from umprov.inventory import variable_specs
 from umprov.provision import parse_extra_vars
 from umprov.verify.profiles import LIMITS, METRICS, load_overrides, resolve
 
+pytestmark = pytest.mark.cost(50)
+
 # UMPROV_FUZZ_EXAMPLES=5000 makes a long, randomised hunt; unset, CI runs the same 200 per test.
 LONG_RUN = int(os.environ.get("UMPROV_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = ROOT / "playbooks" / "rolling.yml"
 FAKES = Path(__file__).resolve().parent / "verify_fakes"
 BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.cost(150)
 
 
 def plays() -> list[dict]:
@@ -178,6 +179,7 @@ def fleet(tmp_path) -> Fleet:
     return Fleet(tmp_path)
 
 
+@pytest.mark.slow  # two real ansible-playbook runs: a minute or more of CPU
 def test_a_rollout_within_its_budget_then_a_rerun_that_exhausts_it(fleet):
     # 1. serial [1, 2]: n1 the canary; n2 sick in the second batch, one failure of two, within
     #    a 50% budget; n4 drained by an administrator, with a passing check.

@@ -72,6 +72,17 @@ def paramiko_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paramiko.SSHClient, "connect", connect)
 
 
+@pytest.fixture
+def key_option(command: str, tmp_path: Path) -> list[str]:
+    """The options `umprov COMMAND` needs besides the inventory: deploy's --authorized-key."""
+    if command != "deploy":
+        return []
+    pub = tmp_path / "id.pub"
+    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC4xqZ1vUQ0n0Fvh5yq0i7XGkQm0sKQdLqJ6dW7b7c1T "
+                   "me\n")
+    return ["--authorized-key", str(pub)]
+
+
 def provision_run(monkeypatch: pytest.MonkeyPatch, stderr: str) -> dict[str, Any]:
     """provision's ansible-runner replaced by one whose only host was refused by OpenSSH with
     ``stderr``; what ansible-playbook was given is returned."""
@@ -134,14 +145,10 @@ def test_provision_keeps_ansible_cfg_ssh_args_and_puts_trust_first(inventory, mo
 
 @pytest.mark.parametrize("command", ["provision", "deploy", "status", "verify"])
 def test_unknown_key_exits_6_with_the_same_message_everywhere(
-    command, inventory, umprov_cli, monkeypatch, paramiko_server, tmp_path
+    command, inventory, umprov_cli, monkeypatch, paramiko_server, key_option
 ):
     provision_run(monkeypatch, UNKNOWN_STDERR)
-    pub = tmp_path / "id.pub"
-    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC4xqZ1vUQ0n0Fvh5yq0i7XGkQm0sKQdLqJ6dW7b7c1T "
-                   "me\n")
-    extra = ["--authorized-key", str(pub)] if command == "deploy" else []
-    result = umprov_cli(command, str(inventory), *extra)
+    result = umprov_cli(command, str(inventory), *key_option)
     assert result.exit_code == ExitCode.TRUST, result.stderr
     expected = (f"umprov: gpu1: host key for {PATTERN} is not known (ED25519 "
                 f"{ssh.fingerprint(KEY)}); run `umprov trust gpu1` to check and record it, or "
@@ -151,17 +158,13 @@ def test_unknown_key_exits_6_with_the_same_message_everywhere(
 
 @pytest.mark.parametrize("command", ["provision", "deploy", "status", "verify"])
 def test_changed_key_exits_6_with_the_same_message_everywhere(
-    command, inventory, umprov_cli, monkeypatch, paramiko_server, tmp_path
+    command, inventory, umprov_cli, monkeypatch, paramiko_server, key_option
 ):
     other = _key()
     ssh.record_host_key(PATTERN, other)
     provision_run(monkeypatch, "@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\r\n"
                                "Host key verification failed.")
-    pub = tmp_path / "id.pub"
-    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC4xqZ1vUQ0n0Fvh5yq0i7XGkQm0sKQdLqJ6dW7b7c1T "
-                   "me\n")
-    extra = ["--authorized-key", str(pub)] if command == "deploy" else []
-    result = umprov_cli(command, str(inventory), *extra)
+    result = umprov_cli(command, str(inventory), *key_option)
     assert result.exit_code == ExitCode.TRUST, result.stderr
     line = next(x for x in result.stderr.splitlines() if x.startswith("umprov: gpu1: "))
     assert line.startswith(f"umprov: gpu1: HOST KEY CHANGED for {PATTERN}: it presents ED25519 "
