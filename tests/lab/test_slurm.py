@@ -10,6 +10,9 @@ itself (`sinfo`, on the controller).
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import pytest
 
 from tests.lab.conftest import SlurmLab
@@ -26,3 +29,13 @@ def test_lab_up_slurm_gives_a_cluster_whose_nodes_are_idle_and_run_jobs(slurm_la
     ran = slurm_lab.ssh(slurm_lab.nodes[0], f"srun -N {SLURM_HOSTS} hostname")
     assert ran.returncode == 0, ran.stderr
     assert sorted(ran.stdout.split()) == sorted(slurm_lab.nodes)
+
+
+def test_a_restarted_host_comes_back_to_the_cluster_by_itself(slurm_lab: SlurmLab):
+    # munged and slurmd are enabled units, and ReturnToService=2 takes the node back
+    node, container = slurm_lab.nodes[-1], slurm_lab.up["hosts"][-1]["container"]
+    subprocess.run(["docker", "restart", "-t", "5", container], check=True, capture_output=True)
+    deadline = time.monotonic() + 90
+    while slurm_lab.nodes_now().get(node) != ("idle", "") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert slurm_lab.nodes_now()[node] == ("idle", "")
