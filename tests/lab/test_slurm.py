@@ -11,9 +11,11 @@ itself (`sinfo`, on the controller).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tests.conftest import _Boundary
+from tests.conftest import REPO, _Boundary
 from tests.lab.conftest import SlurmLab, umprov_argv
 
 pytestmark = pytest.mark.lab
@@ -185,3 +187,69 @@ def test_sigint_while_a_batch_waits_for_a_job_leaves_every_node_with_a_reason_th
     assert rc == 0, doc
     assert set(slurm_lab.nodes_now().values()) == {("idle", "")}
     assert_sinfo_agrees(slurm_lab, doc)
+
+
+# -- the health check (role slurm_gpu_health) as Slurm runs it
+HEALTH_INTERVAL_S = 15
+# The check's own run: seconds on a quiet machine; on a 2-core machine at load 40 (other labs
+# beside) runs of 5 s to over slurmd's 60 s limit were seen, and a drain 42 s after the change.
+HEALTH_SLACK_S = 30
+HEALTH_PLAY = [{"name": "The GPU health check on the Slurm nodes", "hosts": "slurm_compute",
+                "become": True, "gather_facts": False, "roles": ["slurm_gpu_health"]}]
+
+
+def apply_health_check(inventory: Path, folder: Path, node: str) -> None:
+    """slurm_gpu_health on ``node`` through plain ansible-playbook, with a short interval."""
+    import sys
+
+    play = folder / "health.yml"
+    play.write_text(yaml.safe_dump(HEALTH_PLAY, sort_keys=False))
+    done = subprocess.run(  # noqa: S603
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(play),
+         "--limit", node, "-e", f"slurm_gpu_health_interval={HEALTH_INTERVAL_S}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles")})
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def turned_at(slurm_lab: SlurmLab, node: str) -> float:
+    """When the node's expectation changed: the health check program's mtime (epoch s)."""
+    done = slurm_lab.ssh(node, "stat -c %Y /usr/local/sbin/umprov-gpu-health")
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+def wait_for(slurm_lab: SlurmLab, node: str, wanted: tuple[str, str] | str, limit: float) -> None:
+    """Until sinfo shows ``node`` as ``wanted`` ((state, reason), or drained with a reason
+    that begins so); fails after ``limit`` seconds."""
+    def ok(state: str, reason: str) -> bool:
+        if isinstance(wanted, tuple):
+            return (state, reason) == wanted
+        return state == "drained" and reason.startswith(wanted)
+
+    deadline = time.monotonic() + limit
+    while not ok(*slurm_lab.nodes_now()[node]):
+        assert time.monotonic() < deadline, (node, slurm_lab.nodes_now()[node])
+        time.sleep(0.5)
+
+
+def test_the_health_check_drains_a_sick_node_within_its_interval_and_resumes_it_healed(
+        slurm_lab: SlurmLab, tmp_path: Path):
+    in_service(slurm_lab)
+    sick = slurm_lab.nodes[2]
+    bound = HEALTH_INTERVAL_S + HEALTH_SLACK_S
+    apply_health_check(inventory_with(slurm_lab, tmp_path, [sick]), tmp_path, sick)
+    wait_for(slurm_lab, sick, GPU_COUNT_REASON, bound)
+    # Slurm's own time of the drain (sinfo %H, 1 s steps) against the program's change
+    at = slurm_lab.run("sinfo", "-h", "-N", "-n", sick, "-o", "%H").stdout.strip()
+    drained = datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp() - turned_at(
+        slurm_lab, sick)
+    # healed: slurm.conf is as it was, so no reconfigure; Slurm's periodic run resumes it
+    apply_health_check(slurm_lab.inventory, tmp_path, sick)
+    wait_for(slurm_lab, sick, ("idle", ""), bound)
+    resumed = time.time() - turned_at(slurm_lab, sick)  # an upper bound: polled
+    print(f"\nHealthCheckInterval {HEALTH_INTERVAL_S} s: drained {drained:.0f} s after the "
+          f"node turned sick, resumed at most {resumed:.1f} s after it was healed")
+    assert drained <= bound and resumed <= bound + 5  # + ssh's own round trip
+    others = {n: v for n, v in slurm_lab.nodes_now().items() if n != sick}
+    assert set(others.values()) == {("idle", "")}, others
