@@ -5,7 +5,10 @@ One 4-host Slurm lab serves the module (tests/lab/conftest.py's `slurm_lab`). Th
 no GPU: a healthy node is one whose passive checks pass expecting none (the inventory's
 `umprov_expected_gpus: 0`); a host given `umprov_expected_gpus: 1` in a copy of the inventory is
 a sick node, found by the real checks, no result faked. Every verdict is read back from Slurm
-itself (`sinfo`, on the controller).
+itself (`sinfo`, on the controller). Each test first puts every node back in service, so they
+run alone too (`-k`); the health check test runs last (it leaves HealthCheckInterval short).
+About 10 minutes from no lab on a loaded 2-core machine, 6 of them the first rollout's apt work
+(UMPROV_KEEP_LAB=1 keeps the lab for the next run). docs/slurm.md says what each test shows.
 """
 
 from __future__ import annotations
