@@ -56,6 +56,7 @@ class HostSteps:
 
     batch: int | None = None
     skip: bool = False
+    hold_began: bool = False  # its batch's hold had started (its result may never come)
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> its JSON
     failed: dict[str, str] = field(default_factory=dict)  # step -> its failure
 
@@ -87,6 +88,10 @@ class Rollout:
             self._rolling = data.get("play") == PLAY or data.get("name") == PLAY
             if self._rolling:
                 self.batches.append([])
+            return
+        if kind == "playbook_on_task_start" and self._rolling and data.get("task") == HOLD:
+            for name in self.batches[-1]:
+                self.hosts[name].hold_began = True
             return
         host = data.get("host")
         if not self._rolling or not host or not kind.startswith("runner_on_"):
@@ -168,7 +173,11 @@ def interrupted_lines(rollout: Rollout) -> list[str]:
     """For an interrupted rollout: how each host it reached was left, one line each."""
     lines = []
     for name, steps in sorted(rollout.hosts.items(), key=lambda kv: (kv[1].batch or 0, kv[0])):
-        if steps.skip or not steps.steps.get(HOLD):
+        if steps.skip or not (steps.steps.get(HOLD) or steps.hold_began):
+            continue
+        if not steps.steps.get(HOLD):  # stopped inside the hold, e.g. waiting for its jobs
+            lines.append(f"{name} (batch {steps.batch}): stopped during its hold: drained with "
+                         f"'umprov: rolling ...' once its scontrol ran (sinfo -R -n {name})")
             continue
         prov = HostOutcome(name, "failed")
         _state, action, _verified, reason = _left(prov, steps)

@@ -90,8 +90,9 @@ def up(name: str, count: int, progress: Progress = quiet, *, registry: bool = Fa
     slurm = slurm or lab_slurm.has_slurm(client, name)
     if slurm:
         if base is not None:
-            raise ConfigError("--slurm and --from-image: a Slurm lab's hosts start from its own "
-                              "image (apt-get install slurm-wlm munge on the host image)")
+            raise ConfigError(f"--from-image {base}: lab '{name}' runs Slurm (--slurm), whose "
+                              "hosts start from its own image (the host image with slurm-wlm "
+                              "and munge)")
         base, built = lab_slurm.ensure_image(client, image, progress)
         if built:
             changes.append(f"built image {base}")

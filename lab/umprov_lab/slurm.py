@@ -208,24 +208,28 @@ def _wait_systemd(container: Any, timeout: float = 60.0) -> None:
 
 def _start(container: Any, key: bytes, units: list[str], restart: bool,
            changes: list[str]) -> None:
-    """The lab's MUNGE key in place, then ``units`` enabled and running."""
+    """The lab's MUNGE key in place, then ``units`` enabled (so a restarted container brings
+    them back) and running; ``restart``: running ones restart too (slurm.conf changed)."""
     _wait_systemd(container)
-    if container.exec_run(["test", "-s", "/etc/munge/munge.key"]).exit_code != 0:
+    new_key = container.exec_run(["test", "-s", "/etc/munge/munge.key"]).exit_code != 0
+    if new_key:
         uid = int(_exec(container, ["id", "-u", "munge"]))
         gid = int(_exec(container, ["id", "-g", "munge"]))
         container.put_archive("/etc/munge", _one_file_tar("munge.key", key, uid, gid))
-        _exec(container, ["systemctl", "restart", "munge.service"])
         changes.append(f"gave {container.name} the MUNGE key")
-    # is-active with several units answers 0 when any one is active: one at a time.
-    stopped = [u for u in units
-               if container.exec_run(["systemctl", "is-active", "--quiet", u]).exit_code != 0]
-    if stopped:
-        _exec(container, ["systemctl", "enable", "--now", *stopped])
-        changes.append(f"started {', '.join(stopped)} on {container.name}")
-    if restart and len(stopped) < len(units):
-        running = [u for u in units if u not in stopped]
-        _exec(container, ["systemctl", "restart", *running])
-        changes.append(f"restarted {', '.join(running)} on {container.name}")
+
+    def ok(verb: str, unit: str) -> bool:  # one unit at a time: several answer "any of them"
+        return container.exec_run(["systemctl", verb, "--quiet", unit]).exit_code == 0
+
+    running = [u for u in units if ok("is-active", u)]
+    again = [u for u in running if restart or (new_key and u.startswith("munge"))]
+    if again:
+        _exec(container, ["systemctl", "restart", *again])
+        changes.append(f"restarted {', '.join(again)} on {container.name}")
+    off = [u for u in units if u not in running or not ok("is-enabled", u)]
+    if off:
+        _exec(container, ["systemctl", "enable", "--now", *off])
+        changes.append(f"enabled {', '.join(off)} on {container.name}")
 
 
 def _one_file_tar(name: str, content: bytes, uid: int, gid: int) -> bytes:

@@ -142,6 +142,29 @@ def test_an_interrupt_says_how_it_left_each_host_it_reached(umprov_cli, inventor
     assert "a re-run continues where this one stopped" in result.stderr
 
 
+def test_an_interrupt_during_a_hold_names_the_hosts_still_in_it(umprov_cli, inventory,
+                                                                  monkeypatch):
+    """Interrupted while batch 2's hold runs (a job to wait for): no result came for it, and
+    each of its hosts is named, as maybe drained (seen on the lab's real Slurm)."""
+    events = recorded()
+    holds = [i for i, e in enumerate(events) if e["event"] == "playbook_on_task_start"
+             and e["event_data"]["task"] == rolling.HOLD]
+
+    def interrupted(inventory: Any, **kw: Any) -> None:
+        for event in events[: holds[1] + 1]:
+            kw["on_raw"](event)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("umprov.provision.run_playbook", interrupted)
+    result = umprov_cli("provision", str(inventory), "--rolling")
+    assert result.exit_code == 130
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("umprov: rollout stopped")]
+    assert lines[0].startswith("umprov: rollout stopped: n1 (batch 1): resumed")
+    assert lines[1:] == [f"umprov: rollout stopped: {host} (batch 2): stopped during its hold: "
+                         f"drained with 'umprov: rolling ...' once its scontrol ran "
+                         f"(sinfo -R -n {host})" for host in ("n2", "n3")]
+
+
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--batch", "0"], 4, "--batch: '0' is not a number of hosts (3) or a percent of them"),
     (["--batch", "x%"], 4, "--batch: 'x%' is not a number of hosts"),
