@@ -118,15 +118,16 @@ def test_what_a_role_did_is_what_changed(umprov_cli, inventory, replay):
     assert n1["changed"] == "driver 580.95.05 installed (open), rebooted"
 
 
-def test_an_interrupt_says_how_it_left_each_host_it_reached(umprov_cli, inventory, monkeypatch):
-    """Interrupted after batch 2's hosts were held: both stay drained, each with its reason."""
+def interrupted_rollout(umprov_cli: Any, inventory: Any, monkeypatch: Any, task: str,
+                        offset: int) -> tuple[Any, list[str]]:
+    """`provision --rolling` fed the recorded run's events up to batch 2's ``task`` start (plus
+    ``offset`` events), then Ctrl-C: the result (exit 130) and its "rollout stopped" lines."""
     events = recorded()
-    gates = [i for i, e in enumerate(events) if e["event"] == "playbook_on_task_start"
-             and e["event_data"]["task"] == rolling.GATE]
-    cut = gates[1] - 1  # batch 2 held, its gate not started
+    starts = [i for i, e in enumerate(events) if e["event"] == "playbook_on_task_start"
+              and e["event_data"]["task"] == task]
 
     def interrupted(inventory: Any, **kw: Any) -> None:
-        for event in events[: cut + 1]:
+        for event in events[: starts[1] + offset + 1]:
             kw["on_raw"](event)
         raise KeyboardInterrupt
 
@@ -134,6 +135,13 @@ def test_an_interrupt_says_how_it_left_each_host_it_reached(umprov_cli, inventor
     result = umprov_cli("provision", str(inventory), "--rolling")
     assert result.exit_code == 130
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("umprov: rollout stopped")]
+    return result, lines
+
+
+def test_an_interrupt_says_how_it_left_each_host_it_reached(umprov_cli, inventory, monkeypatch):
+    """Interrupted after batch 2's hosts were held: both stay drained, each with its reason."""
+    # batch 2 held, its gate not started
+    result, lines = interrupted_rollout(umprov_cli, inventory, monkeypatch, rolling.GATE, -1)
     assert len(lines) == 3
     assert lines[0].startswith("umprov: rollout stopped: n1 (batch 1): resumed")
     for host, line in zip(("n2", "n3"), lines[1:], strict=True):
@@ -146,19 +154,7 @@ def test_an_interrupt_during_a_hold_names_the_hosts_still_in_it(umprov_cli, inve
                                                                   monkeypatch):
     """Interrupted while batch 2's hold runs (a job to wait for): no result came for it, and
     each of its hosts is named, as maybe drained (seen on the lab's real Slurm)."""
-    events = recorded()
-    holds = [i for i, e in enumerate(events) if e["event"] == "playbook_on_task_start"
-             and e["event_data"]["task"] == rolling.HOLD]
-
-    def interrupted(inventory: Any, **kw: Any) -> None:
-        for event in events[: holds[1] + 1]:
-            kw["on_raw"](event)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr("umprov.provision.run_playbook", interrupted)
-    result = umprov_cli("provision", str(inventory), "--rolling")
-    assert result.exit_code == 130
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("umprov: rollout stopped")]
+    _result, lines = interrupted_rollout(umprov_cli, inventory, monkeypatch, rolling.HOLD, 0)
     assert lines[0].startswith("umprov: rollout stopped: n1 (batch 1): resumed")
     assert lines[1:] == [f"umprov: rollout stopped: {host} (batch 2): stopped during its hold: "
                          f"drained with 'umprov: rolling ...' once its scontrol ran "
