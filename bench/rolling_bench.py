@@ -4,8 +4,9 @@
 On one Slurm lab (`umprov lab up --slurm`, 8 hosts by default), in the same run:
 
     unbatched  `umprov provision --only toolkit` over every host at once (the baseline)
-    rolling    `umprov provision --rolling --only toolkit --canary 1 --batch 4`: batches 1 + 4 + 3,
-               each host held (scontrol drain), changed, gated by the passive checks, resumed
+    rolling    `umprov provision --rolling --only toolkit --canary 1 --batch 3,4`: batches
+               1 + 3 + 4, each host held (scontrol drain), changed, gated by the passive
+               checks, resumed
 
 The toolkit is converged first (one unbatched run, not timed), so both figures are the same
 idempotent change and the ratio is what holding, gating and resuming node by node costs, per
@@ -64,7 +65,7 @@ def rolling_figures(lab: dict[str, Any]) -> dict[str, Any]:
     umprov("provision", inventory, "--only", "toolkit")  # converge first: both runs are no-ops
     unbatched, _ = umprov("provision", inventory, "--only", "toolkit")
     rolled, doc = umprov("provision", inventory, "--rolling", "--only", "toolkit",
-                         "--canary", "1", "--batch", "4")
+                         "--canary", "1", "--batch", "3,4")
     batches = [len(b) for b in doc["batches"]]
     return {"hosts": len(lab["hosts"]), "batches": batches,
             "unbatched_s": round(unbatched, 1), "rolling_s": round(rolled, 1),

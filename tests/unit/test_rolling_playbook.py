@@ -53,10 +53,22 @@ def test_preflight_comes_first_for_every_host():
     assert first["ansible.builtin.import_playbook"] == "preflight.yml"
 
 
-def test_batches_and_the_failure_budget_come_from_variables():
+@pytest.mark.parametrize(("given", "serial", "sizes"), [
+    ({}, [1, "25%"], [1, 2]),
+    ({"umprov_rolling_batch": 4}, [1, "4"], [1, 4]),  # what --batch 4 sends
+    ({"umprov_rolling_batch": "3,4", "umprov_rolling_canary": 2}, [2, "3", "4"], [2, 3, 4]),
+    ({"umprov_rolling_batch": "50%,100%"}, [1, "50%", "100%"], [1, 4, 8]),
+])
+def test_batches_come_from_variables_as_ansibles_serial_reads_them(given, serial, sizes):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    from ansible.utils.helpers import pct_to_int
+
     play = rolling_play()
-    assert play["serial"] == ("{{ [umprov_rolling_canary | default(1) | int, "
-                              "umprov_rolling_batch | default('25%')] }}")
+    templar = Templar(loader=DataLoader(), variables=given)
+    templated = templar.template(trust_as_template(play["serial"]))  # a playbook's own text
+    assert list(templated) == serial
+    assert [pct_to_int(size, 8) for size in templated] == sizes  # for 8 hosts
     assert play["max_fail_percentage"] == (
         "{{ umprov_rolling_max_fail_percentage | default(0) | int }}")
 

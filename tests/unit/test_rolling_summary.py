@@ -104,6 +104,11 @@ def test_the_options_reach_the_playbook_and_the_agent_travels(umprov_cli, invent
                        "umprov_rolling_roles": ["nvidia_driver"]}
 
 
+def test_a_list_of_batch_sizes_reaches_the_playbook_as_given(umprov_cli, inventory, replay):
+    umprov_cli("provision", str(inventory), "--rolling", "--batch", "3,4")
+    assert replay.given["vars"][-1]["umprov_rolling_batch"] == "3,4"
+
+
 def test_what_a_role_did_is_what_changed(umprov_cli, inventory, replay):
     # Added to the recording: the driver role's own summary fact, as it sets it on n1.
     status = {"action": "installed", "version": "580.95.05", "kernel_module": "open",
@@ -162,7 +167,8 @@ def test_an_interrupt_during_a_hold_names_the_hosts_still_in_it(umprov_cli, inve
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [
-    (["--batch", "0"], 4, "--batch: '0' is not a number of hosts (3) or a percent of them"),
+    (["--batch", "0"], 4, "--batch: '0' is not a number of hosts (3), a percent of them"),
+    (["--batch", "3,,4"], 4, "--batch: '3,,4' is not a number of hosts"),
     (["--batch", "x%"], 4, "--batch: 'x%' is not a number of hosts"),
     (["--canary", "0"], 2, "--canary"),
     (["--max-fail-percent", "101"], 2, "--max-fail-percent"),

@@ -60,8 +60,9 @@ COLUMNS: list[render.Field] = [
               "(playbooks/rolling.yml; docs/slurm.md).")
 @click.option("--canary", type=click.IntRange(min=1), metavar="N",
               help="With --rolling: hosts in the first batch (default 1).")
-@click.option("--batch", metavar="N|N%",
-              help="With --rolling: hosts in each later batch, a count or a percent (default 25%).")
+@click.option("--batch", metavar="N|N%|N,N...",
+              help="With --rolling: hosts in each later batch, a count or a percent (default 25%); "
+                   "a list (3,4) gives the batches in turn, the last size repeated.")
 @click.option("--max-fail-percent", "max_fail", type=click.IntRange(0, 100), metavar="P",
               help="With --rolling: stop when more than P% of a batch fails (default 0).")
 @click.option("--verify", "verify_mode", type=click.Choice(["passive", "quick", "full"]),

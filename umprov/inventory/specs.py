@@ -38,7 +38,7 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
     ),
     # playbooks/rolling.yml (docs/slurm.md); the first three only with -e (Ansible's serial)
     "umprov_rolling_canary": ("int", "hosts in the rollout's first (canary) batch; default 1"),
-    "umprov_rolling_batch": ("str", "hosts in each later batch: a count or a percent; 25%"),
+    "umprov_rolling_batch": ("str", "hosts in each later batch: a count, a percent, a list; 25%"),
     "umprov_rolling_max_fail_percentage": ("int", "failed hosts of a batch that stop it; 0"),
     "umprov_rolling_roles": ("list", "the roles a rolling change runs on each host"),
     "umprov_rolling_verify": ("str", "the gate after the change: passive, quick or full"),
