@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from tests.conftest import _Boundary
 from tests.lab.conftest import LAB_IMAGE_TAG, SlurmLab, umprov_argv
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.cost(500)]
 
 SLURM_LAB = "pytest-slurm-mn"
 SLURM_HOSTS = 2
