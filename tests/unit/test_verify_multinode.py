@@ -290,6 +290,45 @@ def test_ctrl_c_removes_every_container(monkeypatch: pytest.MonkeyPatch,
     assert sum(x.startswith("removed") for x in log) == 3
 
 
+def test_ctrl_c_while_a_container_starts_leaves_none(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """Ctrl-C while one host's engine is still creating its container (the CI failure of
+    session 8): clean-up waits for that start and removes the container it produced."""
+    import threading
+
+    from tests.unit import fakes
+    from umprov.verify import multinode
+
+    log = fake_fleet(monkeypatch, tmp_path, down=set())
+    gate, entered = threading.Event(), threading.Event()
+    run = fakes._Containers.run
+
+    def slow_run(self: fakes._Containers, **kw: object) -> fakes.FakeContainer:
+        if self.host == "c":
+            entered.set()
+            gate.wait(10)
+        return run(self, **kw)
+
+    monkeypatch.setattr(fakes._Containers, "run", slow_run)
+    settle = multinode.settle
+
+    def interrupted_prepare(fn, items, timeout, name="task"):  # noqa: ANN001, ANN202
+        if fn.__name__ != "<lambda>":  # clean-up: the real one
+            return settle(fn, items, timeout, name)
+        threading.Thread(target=settle, args=(fn, items, timeout), daemon=True).start()
+        assert entered.wait(10)
+        threading.Timer(0.5, gate.set).start()  # the engine answers after the interrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(multinode, "settle", interrupted_prepare)
+    with pytest.raises(KeyboardInterrupt):
+        multinode.verify_multinode([EngineHost("a"), EngineHost("b"), EngineHost("c")],
+                                   MultiNodeOptions(backend="gloo", timeout=5))
+    started = {x.split()[1] for x in log if x.startswith("started")}
+    removed = {x.split()[1].split(":")[0] for x in log if x.startswith("removed")}
+    assert "c" in started and removed == started
+
+
 def test_unreachable_host_fails_fast_and_cleans_up(monkeypatch: pytest.MonkeyPatch,
                                                    tmp_path: Path) -> None:
     from umprov.verify import multinode

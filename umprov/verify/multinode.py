@@ -33,6 +33,7 @@ import contextlib
 import json
 import secrets
 import shlex
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 from umprov.verify.report import UNREACHABLE, UNTRUSTED
 
 LABEL = "org.umprov.multinode"
+START_WAIT_S = 60.0  # cleanup waits this long for a container start under way
 DEFAULT_RDZV_PORT = 29400
 WORKDIR = "/tmp/umprov-mn"  # noqa: S108 (inside the throwaway container)
 NCCL_VARS = {
@@ -212,6 +214,12 @@ class HostState:
         self.python = "python3"
         self.net: dict[str, Any] = {}
         self.run_id = ""
+        # Handoff between a container start under way and cleanup (Ctrl-C mid-prepare): cleanup
+        # sets ``closing`` under the lock, then waits for ``started`` before it looks.
+        self.lock = threading.Lock()
+        self.closing = False
+        self.started = threading.Event()
+        self.started.set()  # no start under way
 
 
 class Launcher(Protocol):
@@ -317,6 +325,10 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
                               deployed.attrs.get("HostConfig") or {},
                               raise_limits=flag(st.run.vars.get("umprov_container_limits"),
                                                 default=True))
+    with st.lock:
+        if st.closing:
+            return _failed(st, "container", "interrupted before its container started")
+        st.started.clear()
     try:
         st.container = st.client.containers.run(**kwargs)
     except Exception as exc:
@@ -324,6 +336,8 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
             st.client.containers.get(kwargs["name"]).remove(force=True)
         return _failed(st, "container",
                        f"cannot start a container: {engine_error(exc, named=True)}")
+    finally:
+        st.started.set()
     st.run.container = st.container.name
     rc, out = exec_in(st.container, ["mkdir", "-p", WORKDIR], 60)
     worker = json.dumps(opts.worker_opts()).encode()
@@ -428,6 +442,9 @@ def _cleanup(states: list[HostState], progress: Progress) -> None:
     """Remove every throwaway container (ending torchrun and its ranks), then the clients."""
 
     def remove(st: HostState) -> None:
+        with st.lock:
+            st.closing = True  # no container start begins after this
+        st.started.wait(START_WAIT_S)  # one under way ends (st.container set) or gives up
         if st.client is not None and st.container is None:  # a start still under way
             with contextlib.suppress(Exception):
                 for c in st.client.containers.list(all=True, filters={"label": LABEL}):
