@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,103 @@ def docker_host_image() -> str:
     return tag
 
 
+# A Docker engine's storage (/var/lib/docker, a volume per lab host) that already holds the lab
+# image: hosts started with a copy of it find the image there, so `deploy --push` sends nothing.
+# For the modules whose subject is not the push (multi-node, inventories, most of the secrets
+# sweep): pushing 1.3 GB over SSH to every host was most of their set-up time.
+ENGINE_SEED_LABEL = "org.umprov.test.engine-seed"
+
+
+def _engine_seed_name(lab_image_id: str) -> str:
+    import hashlib
+
+    key = f"{docker_host_tag()}|{lab_image_id}".encode()
+    return f"umprov-test-engine-{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def _copy_volume(source: str, dests: list[str], image: str) -> None:
+    """``source``'s files into each volume of ``dests`` (made if missing), side by side, as they
+    are: overlay2's whiteouts and trusted.* attributes need MKNOD and SYS_ADMIN to copy."""
+    mounts = [arg for i, dest in enumerate(dests) for arg in ("-v", f"{dest}:/to/{i}")]
+    script = ('set -e; for d in /to/*; do cp -a /from/. "$d"/ & pids="$pids $!"; done; '
+              'for p in $pids; do wait "$p"; done')
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--cap-add", "SYS_ADMIN",
+         "--entrypoint", "sh", "-v", f"{source}:/from:ro", *mounts, image, "-c", script],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"copying volume {source} to {dests}: {done.stderr[-2000:]}"
+
+
+@pytest.fixture(scope="session")
+def engine_seed(docker_host_image: str, lab_image: dict[str, Any]) -> str:
+    """The name of a volume holding a stopped engine's storage with LAB_IMAGE_TAG loaded, made
+    once per machine for this snapshot and image (older ones removed); workers wait on a lock.
+    Made the way a user's host gets the image: `deploy --push` to a lab host of the snapshot."""
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+    from umprov_lab.layout import container_name
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
+
+    volume = _engine_seed_name(lab_image["image_id"])
+    with open(Path(tempfile.gettempdir()) / "umprov-test-engine-seed.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["docker", "volume", "inspect", volume],
+                          capture_output=True).returncode == 0:
+            return volume
+        seed = lab_name("pytest-engine")
+        try:
+            up = cli("lab", "up", "--hosts", "1", "--name", seed, "--json",
+                     "--from-image", docker_host_image)
+            assert up.exit_code == 0, up.stderr
+            data = json.loads(up.stdout)
+            prov = cli("provision", data["inventory"], "--only", "docker", "--json")
+            assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
+            pub = str(Path(data["key_file"]).with_suffix(".pub"))
+            dep = cli("deploy", data["inventory"], "--image", LAB_IMAGE_TAG, "--push",
+                      "--authorized-key", pub, "--json")
+            assert dep.exit_code == 0, dep.stderr[-2000:]
+            host = container_name(seed, 1)
+            # No container in the copy (hosts deploy their own), the engine stopped cleanly.
+            stop = subprocess.run(
+                ["docker", "exec", host, "sh", "-c", "docker rm -f $(docker ps -aq) >/dev/null "
+                 "2>&1; docker volume prune -f >/dev/null; systemctl stop docker.socket "
+                 "docker.service containerd.service"], capture_output=True, text=True, timeout=120)
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+            for old in subprocess.run(
+                    ["docker", "volume", "ls", "-q", "--filter", f"label={ENGINE_SEED_LABEL}"],
+                    capture_output=True, text=True).stdout.split():
+                subprocess.run(["docker", "volume", "rm", old], capture_output=True)
+            subprocess.run(["docker", "volume", "create", "--label", ENGINE_SEED_LABEL,
+                            volume], check=True, capture_output=True)
+            _copy_volume(f"{host}-docker", [volume], docker_host_image)
+        except BaseException:
+            subprocess.run(["docker", "volume", "rm", volume], capture_output=True)
+            raise
+        finally:
+            cli("lab", "down", "--name", seed)
+    return volume
+
+
+def seed_engines(seed: str, lab: str, indexes: Iterable[int], image: str) -> None:
+    """Give hosts ``indexes`` of lab ``lab``, before `lab up` creates them, a copy of the seeded
+    engine storage (the volume a host mounts at /var/lib/docker is used if it exists)."""
+    from umprov_lab.layout import container_name
+
+    volumes = []
+    for index in indexes:
+        if subprocess.run(["docker", "container", "inspect", container_name(lab, index)],
+                          capture_output=True).returncode == 0:
+            continue  # a host kept from before (UMPROV_KEEP_LAB): its engine is in use
+        volume = f"{container_name(lab, index)}-docker"
+        subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True)
+        volumes.append(volume)
+    if volumes:
+        _copy_volume(seed, volumes, image)
+
+
 class SlurmLab:
     """A lab with a Slurm cluster (`umprov lab up --slurm`): its `lab up --json` document, and
     Slurm's own commands run on its controller."""
@@ -161,14 +258,19 @@ def slurm_lab_up(name: str, hosts: int) -> SlurmLab:
 @pytest.fixture(scope="module")
 def slurm_lab(request: pytest.FixtureRequest) -> Iterator[SlurmLab]:
     """One Slurm lab for the module: its name from the module's SLURM_LAB (default
-    "pytest-slurm", with UMPROV_TEST_LAB_PREFIX), its size from SLURM_HOSTS (default 4).
+    "pytest-slurm", with UMPROV_TEST_LAB_PREFIX), its size from SLURM_HOSTS (default 4), its
+    hosts' engines holding the lab image if SLURM_SEED_ENGINES.
     Taken down afterwards unless UMPROV_KEEP_LAB=1 (then a re-run completes it: faster)."""
     from click.testing import CliRunner
 
     from tests.conftest import _Boundary
 
     name = lab_name(getattr(request.module, "SLURM_LAB", "pytest-slurm"))
-    lab = slurm_lab_up(name, getattr(request.module, "SLURM_HOSTS", 4))
+    hosts = getattr(request.module, "SLURM_HOSTS", 4)
+    if getattr(request.module, "SLURM_SEED_ENGINES", False):  # see engine_seed
+        seed_engines(request.getfixturevalue("engine_seed"), name, range(1, hosts + 1),
+                     request.getfixturevalue("docker_host_image"))
+    lab = slurm_lab_up(name, hosts)
     yield lab
     if not os.environ.get("UMPROV_KEEP_LAB"):
         CliRunner().invoke(_Boundary("umprov"), ["lab", "down", "--name", name],

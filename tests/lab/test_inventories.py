@@ -25,7 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, seed_engines
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(350)]
 
@@ -89,11 +89,13 @@ def write_team_inventory(root: Path, lab: dict[str, Any], home: Path) -> Path:
 @pytest.fixture(scope="module", autouse=True)
 def team(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json",
-             "--from-image", request.getfixturevalue("docker_host_image"))
+    snapshot = request.getfixturevalue("docker_host_image")
+    # Built (or found) before HOME changes below; the hosts' engines start with the lab image
+    # (what is proved here is how inventories are read, not the push).
+    seed_engines(request.getfixturevalue("engine_seed"), NAME, range(1, 3), snapshot)
+    up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json", "--from-image", snapshot)
     assert up.exit_code == 0, up.stderr
     lab = json.loads(up.stdout)
-    request.getfixturevalue("lab_image")  # built (or found) before HOME changes below
     root = tmp_path_factory.mktemp("team")
     home = root / "home"
     password_file = root / "vault-pass.txt"

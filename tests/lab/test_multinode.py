@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, seed_engines, umprov_argv
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(380)]
 
@@ -33,21 +33,21 @@ def cli(*args: str) -> Any:
 
 @pytest.fixture(scope="module", autouse=True)
 def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    up = cli("lab", "up", "--hosts", "3", "--name", NAME, "--json",
-              "--from-image", request.getfixturevalue("docker_host_image"))
+    snapshot = request.getfixturevalue("docker_host_image")
+    # The hosts' engines start with the lab image: the push is test_deploy's subject, not ours.
+    seed_engines(request.getfixturevalue("engine_seed"), NAME, range(1, 4), snapshot)
+    up = cli("lab", "up", "--hosts", "3", "--name", NAME, "--json", "--from-image", snapshot)
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
     try:
         inventory = data["inventory"]
         prov = cli("provision", inventory, "--only", "docker", "--json")
         assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
-        # After the lab is up and provisioned, as before: a worker waiting for another's build
-        # (lab_image holds a lock) has its hosts ready meanwhile.
-        request.getfixturevalue("lab_image")  # built (or another worker built it)
         pub = Path(data["key_file"]).with_suffix(".pub")
         dep = cli("deploy", inventory, "--image", TAG, "--authorized-key", str(pub), "--push",
                   "--json")
         assert dep.exit_code == 0, dep.stderr[-2000:]
+        assert [h["pushed_bytes"] for h in json.loads(dep.stdout)["hosts"]] == [0, 0, 0]
         LAB.update(inventory=inventory, hosts=data["hosts"],
                    names=[h["name"] for h in data["hosts"]])
         yield LAB

@@ -4,8 +4,9 @@ One lab (`secsweep`, 4 hosts) runs the flow `make demo` runs, each step a real `
 with a private UMPROV_STATE_DIR and canary secrets in its environment and on its command line
 (`provision -e ansible_become_password=...`): lab up, inventory check, provision (the full
 site.yml), lab image (skipped when the tag is already on the engine, as the image is the
-same), deploy --push, a second deploy, status, status --connect and verify. stdout and stderr of
-each are kept. The hosts start from the Docker-converged snapshot (tests/lab/conftest.py's
+same), deploy --push (hosts 1-3 already hold the image: tests/lab/conftest.py's engine_seed;
+host 4 is sent it), a second deploy, status, status --connect and verify. stdout and stderr
+of each are kept. The hosts start from the Docker-converged snapshot (tests/lab/conftest.py's
 docker_host_image): the Docker role finds its work done, the other roles converge from scratch
 (installing Docker from scratch is test_provision's and the snapshot's own run). The first
 deploy and one status run with stderr on a pseudo-terminal, so what rich draws (live progress,
@@ -52,7 +53,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.lab.conftest import LAB_IMAGE_TAG, image_build_lock, lab_name, ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, image_build_lock, lab_name, seed_engines, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(550)]
 
@@ -223,13 +224,17 @@ def summary_rows(text: str, title: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory: pytest.TempPathFactory, docker_host_image: str) -> Iterator[Flow]:
+def flow(tmp_path_factory: pytest.TempPathFactory, docker_host_image: str,
+         engine_seed: str) -> Iterator[Flow]:
     state = tmp_path_factory.mktemp("secrets-state")
     state.chmod(0o700)
     outputs = tmp_path_factory.mktemp("secrets-outputs")
     reports = tmp_path_factory.mktemp("secrets-reports")
     f = Flow(state, outputs, reports, lab={})
     timings: dict[str, float] = {}
+    # Hosts 1-3 start with the lab image in their engines; the last one is pushed to, so the
+    # push's output is swept too (pushing to all four was most of this set-up's time).
+    seed_engines(engine_seed, NAME, range(1, HOSTS), docker_host_image)
     try:
         up = f.umprov("lab-up", "lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json",
                       "--from-image", docker_host_image)
