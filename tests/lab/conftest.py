@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +345,27 @@ def umprov_argv(*args: str) -> list[str]:
     import sys
 
     return [sys.executable, "-c", _DEFAULT_SIGNALS, *args]
+
+
+def sigint_when(proc: subprocess.Popen, ready: Callable[[], bool], *, within: float,
+                exit_within: float, what: str, then_s: float = 0.0) -> str:
+    """Once ``ready()`` (asked while ``proc`` runs, for up to ``within`` s, and ``then_s`` s
+    more), SIGINT to ``proc``; it must end with 130 within ``exit_within`` s (else it is killed).
+    Returns its stderr."""
+    import signal
+    import time
+
+    try:
+        deadline = time.monotonic() + within
+        while not ready():
+            assert proc.poll() is None, f"umprov ended (code {proc.returncode}) before {what}"
+            assert time.monotonic() < deadline, f"no {what} within {within:.0f} s"
+            time.sleep(0.3)
+        time.sleep(then_s)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=exit_within)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    return err

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, seed_engines, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, seed_engines, sigint_when, umprov_argv
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(380)]
 
@@ -135,32 +135,20 @@ def test_ctrl_c_leaves_nothing_running(docker_client: Any) -> None:
     """SIGINT to a real `umprov verify --multi-node` once its containers exist: exit 130, and
     no container or torchrun process on any host."""
     import os
-    import signal
     import subprocess
 
+    first = lab_container(docker_client, 0)
     proc = subprocess.Popen(  # noqa: S603
         umprov_argv("verify", LAB["inventory"], "--multi-node",
                     "--backend", "gloo", "--timeout", str(TIMEOUT)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        first = lab_container(docker_client, 0)
-        deadline = time.monotonic() + 90
-        seen = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            _rc, out = first.exec_run(["sh", "-c", "docker ps -q --filter "
-                                       "label=org.umprov.multinode"])
-            if out.strip():
-                seen = True
-                break
-            time.sleep(0.3)
-        assert seen, "no multi-node container appeared"
-        time.sleep(1.5)  # torchrun starting or running
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+
+    def container_started() -> bool:
+        _rc, out = first.exec_run(["sh", "-c", "docker ps -q --filter label=org.umprov.multinode"])
+        return bool(out.strip())
+
+    sigint_when(proc, container_started, within=90, exit_within=120,
+                what="multi-node container", then_s=1.5)  # torchrun starting or running
     assert leftovers(docker_client) == []
 
 

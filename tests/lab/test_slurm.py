@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.conftest import REPO, _Boundary
-from tests.lab.conftest import SlurmLab, umprov_argv
+from tests.lab.conftest import SlurmLab, sigint_when, umprov_argv
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(580)]
 
@@ -175,18 +174,9 @@ def test_sigint_while_a_batch_waits_for_a_job_leaves_every_node_with_a_reason_th
     proc = subprocess.Popen(umprov_argv(*args), stdin=subprocess.DEVNULL,  # noqa: S603
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    try:
-        # batch 2 holds both its nodes, and waits for the job on one (Slurm: draining)
-        deadline = time.monotonic() + 300
-        while slurm_lab.nodes_now()[busy][0] != "draining":
-            assert proc.poll() is None and time.monotonic() < deadline, slurm_lab.nodes_now()
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    # batch 2 holds both its nodes, and waits for the job on one (Slurm: draining)
+    err = sigint_when(proc, lambda: slurm_lab.nodes_now()[busy][0] == "draining", within=300,
+                      exit_within=60, what=f"{busy} draining")
     now = slurm_lab.nodes_now()
     assert now[one] == ("idle", "")  # the canary: done before the signal
     for node in (two, busy):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, SlurmLab, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, SlurmLab, sigint_when, umprov_argv
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(500)]
 
@@ -106,19 +105,8 @@ def test_ctrl_c_cancels_the_job_and_removes_the_containers(lab: SlurmLab) -> Non
         umprov_argv("verify", str(lab.inventory), "--multi-node", "--backend", "gloo",
                     "--timeout", str(TIMEOUT), *slurm_args(lab)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        deadline = time.monotonic() + 120
-        running: list[str] = []
-        while time.monotonic() < deadline and proc.poll() is None and not running:
-            running = [j for j in jobs(lab) if " umprov-" in j]
-            time.sleep(0.5)
-        assert running, "no Slurm job appeared"
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    err = sigint_when(proc, lambda: any(" umprov-" in j for j in jobs(lab)), within=120,
+                      exit_within=120, what="Slurm job")
     gone = time.monotonic() + 30  # scancel is asynchronous: the job goes through COMPLETING
     while jobs(lab) and time.monotonic() < gone:
         time.sleep(1)
