@@ -409,3 +409,26 @@ def test_a_killed_playbook_leaves_a_numeric_rc(tmp_path: Path, written: str, kep
     environment.settle_rc(tmp_path)
     assert (tmp_path / "rc").read_text() == kept
     environment.settle_rc(tmp_path / "missing")  # no rc file: nothing to do
+
+
+def test_an_interrupted_run_leaves_without_a_thread_that_does_not_end() -> None:
+    """After a signal, a lingering non-daemon thread (ansible-runner's, on a starved machine)
+    does not hold umprov's exit; the code and what was printed are kept."""
+    import sys
+
+    script = ("import threading, time\n"
+              "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+              "print('report', flush=False)\n"
+              "from umprov.cli import leave\n"
+              "leave(130)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 130 and done.stdout == "report\n"
+
+
+def test_a_finished_run_leaves_with_its_code() -> None:
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from umprov.cli import leave; leave(3)"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3

@@ -241,7 +241,32 @@ def main() -> None:
         # (Python's default would end umprov at once and leave ansible-playbook running).
         if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
             signal.signal(signal.SIGHUP, _on_sigterm)
-    sys.exit(run())
+    leave(run())
+
+
+# How long an interrupted run waits for other threads before it leaves without them.
+EXIT_GRACE_S = 5.0
+
+
+def leave(code: int) -> None:
+    """Exit with ``code``. After a signal (code 128 and above) the run's clean-up is done, and
+    the interpreter's exit would wait for every thread that is not a daemon, without bound:
+    ansible-runner's, still reading a killed playbook's last output and writing its artifacts,
+    took over a minute on a starved machine. Those get EXIT_GRACE_S, then are left."""
+    import threading
+
+    if code >= 128:
+        others = [t for t in threading.enumerate()
+                  if t is not threading.current_thread() and not t.daemon]
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while any(t.is_alive() for t in others) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if any(t.is_alive() for t in others):
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    sys.exit(code)
 
 
 def threading_is_main() -> bool:
