@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,4 +105,12 @@ def wait_gone(procs: list[Proc], timeout: float) -> list[Proc]:
         left = [p for p in procs if alive(p)]
         if not left or time.monotonic() >= deadline:
             return left
+        time.sleep(0.1)
+
+
+def wait_thread(thread: threading.Thread, timeout: float | None = None) -> None:
+    """Wait for a thread without Thread.join: a signal interrupting join makes Python 3.11
+    mark the thread stopped while it still runs (bpo-45274), and later waits return at once."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while thread.is_alive() and (deadline is None or time.monotonic() < deadline):
         time.sleep(0.1)

@@ -27,6 +27,31 @@ def lab_name(default: str, override: str | None = None) -> str:
     return os.environ.get("UMPROV_TEST_LAB_PREFIX", "") + default
 
 
+def cli(*args: str, input: str | None = None) -> Any:
+    """`umprov ARGS` in-process through the CLI's error boundary, as the tests' user runs it."""
+    from click.testing import CliRunner
+
+    from tests.conftest import _Boundary
+
+    return CliRunner().invoke(_Boundary("umprov"), list(args), input=input,
+                              catch_exceptions=False)
+
+
+@contextlib.contextmanager
+def docker_seed_host(name: str, *up_args: str) -> Iterator[dict[str, Any]]:
+    """A one-host lab (`lab up ARGS`) with Docker provisioned (`provision --only docker`), its
+    `lab up --json` document; taken down on leaving."""
+    try:
+        up = cli("lab", "up", "--hosts", "1", "--name", name, "--json", *up_args)
+        assert up.exit_code == 0, up.stderr
+        data = json.loads(up.stdout)
+        prov = cli("provision", data["inventory"], "--only", "docker", "--json")
+        assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
+        yield data
+    finally:
+        cli("lab", "down", "--name", name)
+
+
 # The lab's PyTorch image, built once per test run (lab_image) and deployed by several modules.
 LAB_IMAGE_TAG = f"umprov/pytorch-cuda:{lab_name('pytest-lab')}"
 
@@ -44,18 +69,11 @@ def image_build_lock() -> Iterator[None]:
 def lab_image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """`umprov lab image`'s JSON for LAB_IMAGE_TAG, built by the first worker that asks;
     the others of the same run read its document (their base temp's parent is shared)."""
-    from click.testing import CliRunner
-
-    from tests.conftest import _Boundary
-
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lab-image.json"
     with image_build_lock():
         if not shared.exists():
-            built = CliRunner().invoke(
-                _Boundary("umprov"), ["lab", "image", "--tag", LAB_IMAGE_TAG, "--json"],
-                catch_exceptions=False,
-            )
+            built = cli("lab", "image", "--tag", LAB_IMAGE_TAG, "--json")
             assert built.exit_code == 0, built.stderr
             shared.write_text(built.stdout)
         return json.loads(shared.read_text())
@@ -88,28 +106,14 @@ def docker_host_image() -> str:
     the modules whose tests run on Docker rather than install it (deploy, multinode, pull):
     they start their hosts from it and their own `provision --only docker` finds little to do.
     Made once per machine and kept (keyed by docker_host_tag); workers wait on one lock."""
-    from click.testing import CliRunner
-
-    from tests.conftest import _Boundary
-
-    def cli(*args: str) -> Any:
-        return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
-
     tag = docker_host_tag()
     with open(Path(tempfile.gettempdir()) / "umprov-test-lab-seed.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode:
             seed = lab_name("pytest-seed")
-            try:
-                up = cli("lab", "up", "--hosts", "1", "--name", seed, "--json")
-                assert up.exit_code == 0, up.stderr
-                prov = cli("provision", json.loads(up.stdout)["inventory"], "--only", "docker",
-                           "--json")
-                assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
+            with docker_seed_host(seed):
                 saved = cli("lab", "snapshot", "--name", seed, "--tag", tag)
                 assert saved.exit_code == 0, saved.stderr
-            finally:
-                cli("lab", "down", "--name", seed)
     return tag
 
 
@@ -145,13 +149,7 @@ def engine_seed(docker_host_image: str, lab_image: dict[str, Any]) -> str:
     """The name of a volume holding a stopped engine's storage with LAB_IMAGE_TAG loaded, made
     once per machine for this snapshot and image (older ones removed); workers wait on a lock.
     Made the way a user's host gets the image: `deploy --push` to a lab host of the snapshot."""
-    from click.testing import CliRunner
-
-    from tests.conftest import _Boundary
     from umprov_lab.layout import container_name
-
-    def cli(*args: str) -> Any:
-        return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
     volume = _engine_seed_name(lab_image["image_id"])
     with open(Path(tempfile.gettempdir()) / "umprov-test-engine-seed.lock", "a") as lock:
@@ -161,35 +159,29 @@ def engine_seed(docker_host_image: str, lab_image: dict[str, Any]) -> str:
             return volume
         seed = lab_name("pytest-engine")
         try:
-            up = cli("lab", "up", "--hosts", "1", "--name", seed, "--json",
-                     "--from-image", docker_host_image)
-            assert up.exit_code == 0, up.stderr
-            data = json.loads(up.stdout)
-            prov = cli("provision", data["inventory"], "--only", "docker", "--json")
-            assert prov.exit_code == 0, prov.stdout[-2000:] + prov.stderr[-2000:]
-            pub = str(Path(data["key_file"]).with_suffix(".pub"))
-            dep = cli("deploy", data["inventory"], "--image", LAB_IMAGE_TAG, "--push",
-                      "--authorized-key", pub, "--json")
-            assert dep.exit_code == 0, dep.stderr[-2000:]
-            host = container_name(seed, 1)
-            # No container in the copy (hosts deploy their own), the engine stopped cleanly.
-            stop = subprocess.run(
-                ["docker", "exec", host, "sh", "-c", "docker rm -f $(docker ps -aq) >/dev/null "
-                 "2>&1; docker volume prune -f >/dev/null; systemctl stop docker.socket "
-                 "docker.service containerd.service"], capture_output=True, text=True, timeout=120)
-            assert stop.returncode == 0, stop.stdout + stop.stderr
-            for old in subprocess.run(
-                    ["docker", "volume", "ls", "-q", "--filter", f"label={ENGINE_SEED_LABEL}"],
-                    capture_output=True, text=True).stdout.split():
-                subprocess.run(["docker", "volume", "rm", old], capture_output=True)
-            subprocess.run(["docker", "volume", "create", "--label", ENGINE_SEED_LABEL,
-                            volume], check=True, capture_output=True)
-            _copy_volume(f"{host}-docker", [volume], docker_host_image)
+            with docker_seed_host(seed, "--from-image", docker_host_image) as data:
+                pub = str(Path(data["key_file"]).with_suffix(".pub"))
+                dep = cli("deploy", data["inventory"], "--image", LAB_IMAGE_TAG, "--push",
+                          "--authorized-key", pub, "--json")
+                assert dep.exit_code == 0, dep.stderr[-2000:]
+                host = container_name(seed, 1)
+                # No container in the copy (hosts deploy their own), the engine stopped cleanly.
+                stop = subprocess.run(
+                    ["docker", "exec", host, "sh", "-c", "docker rm -f $(docker ps -aq) "
+                     ">/dev/null 2>&1; docker volume prune -f >/dev/null; systemctl stop "
+                     "docker.socket docker.service containerd.service"],
+                    capture_output=True, text=True, timeout=120)
+                assert stop.returncode == 0, stop.stdout + stop.stderr
+                for old in subprocess.run(
+                        ["docker", "volume", "ls", "-q", "--filter", f"label={ENGINE_SEED_LABEL}"],
+                        capture_output=True, text=True).stdout.split():
+                    subprocess.run(["docker", "volume", "rm", old], capture_output=True)
+                subprocess.run(["docker", "volume", "create", "--label", ENGINE_SEED_LABEL,
+                                volume], check=True, capture_output=True)
+                _copy_volume(f"{host}-docker", [volume], docker_host_image)
         except BaseException:
             subprocess.run(["docker", "volume", "rm", volume], capture_output=True)
             raise
-        finally:
-            cli("lab", "down", "--name", seed)
     return volume
 
 

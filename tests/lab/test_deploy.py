@@ -18,20 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(680)]
 
 # UMPROV_TEST_DEPLOY_LAB: another lab name, for runs beside someone else's.
 NAME = lab_name("pytest-deploy", "UMPROV_TEST_DEPLOY_LAB")
 TAG = LAB_IMAGE_TAG
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
 
 def deploy(*args: str) -> tuple[Any, dict[str, Any]]:

@@ -35,10 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, umprov_argv
 
 # serial: signal-to-exit bounds, measured; `make test` runs them alone, not beside other work.
 pytestmark = [pytest.mark.lab, pytest.mark.serial]
@@ -56,10 +54,6 @@ SIGNALS = {
 }
 FIGURES: dict[str, Any] = {}
 LAB: dict[str, Any] = {}
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
 
 def container(index: int) -> str:

@@ -22,10 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, seed_engines
+from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, seed_engines
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(350)]
 
@@ -34,11 +32,6 @@ NAME = lab_name("pytest-inv", "UMPROV_TEST_INVENTORIES_LAB")
 TAG = LAB_IMAGE_TAG
 VAULT_PASSWORD = "team-vault-password-for-the-lab"
 SSH_PORT = 2223  # the container's SSH port on each host: templated, so not the default 2222
-
-
-def cli(*args: str, input: str | None = None) -> Any:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), input=input,
-                              catch_exceptions=False)
 
 
 def encrypt(text: str) -> bytes:

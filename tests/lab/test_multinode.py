@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, seed_engines, sigint_when, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, seed_engines, sigint_when, umprov_argv
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(380)]
 
@@ -25,10 +23,6 @@ NAME = lab_name("pytest-mn")
 TAG = LAB_IMAGE_TAG
 TIMEOUT = 60
 LAB: dict[str, Any] = {}
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
 
 @pytest.fixture(scope="module", autouse=True)

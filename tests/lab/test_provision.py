@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import lab_name, ssh_command
+from tests.lab.conftest import cli, lab_name, ssh_command
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(1200)]
 
@@ -41,10 +40,6 @@ TOOLKIT_PACKAGES = (
 )
 PLANTED = {"log-opts": {"max-size": "10m"}}
 PID1_START = "cut -d' ' -f22 /proc/1/stat"
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
 
 @dataclass

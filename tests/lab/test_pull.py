@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, lab_name, ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(280)]
 
@@ -22,10 +20,6 @@ REPO = "umprov/pytorch-cuda"
 TAG = "pytest-pull"
 
 LAB: dict[str, Any] = {}
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
 
 def deploy(image: str, *args: str) -> tuple[Any, dict[str, Any]]:

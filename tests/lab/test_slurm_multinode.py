@@ -16,10 +16,8 @@ import time
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import _Boundary
-from tests.lab.conftest import LAB_IMAGE_TAG, SlurmLab, sigint_when, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, SlurmLab, cli, sigint_when, umprov_argv
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(500)]
 
@@ -27,10 +25,6 @@ SLURM_LAB = "pytest-slurm-mn"
 SLURM_HOSTS = 2
 SLURM_SEED_ENGINES = True  # deploy finds the lab image on the hosts: the push is not our subject
 TIMEOUT = 60
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(_Boundary("umprov"), list(args), catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")

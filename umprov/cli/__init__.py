@@ -255,12 +255,14 @@ def leave(code: int) -> None:
     took over a minute on a starved machine. Those get EXIT_GRACE_S, then are left."""
     import threading
 
+    from umprov.procs import wait_thread
+
     if code >= 128:
         others = [t for t in threading.enumerate()
                   if t is not threading.current_thread() and not t.daemon]
         deadline = time.monotonic() + EXIT_GRACE_S
-        while any(t.is_alive() for t in others) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        for thread in others:
+            wait_thread(thread, max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in others):
             with contextlib.suppress(OSError, ValueError):
                 sys.stdout.flush()

@@ -16,6 +16,7 @@ from typing import Any
 from umprov.errors import ConfigError, Interrupted, UmprovError
 from umprov.inventory import Inventory
 from umprov.paths import Secret, project_dir, secret_files
+from umprov.procs import wait_thread
 from umprov.provision.args import ExtraVars, child_settings, playbook_args
 from umprov.provision.environment import (
     private_dir,
@@ -177,14 +178,6 @@ def start(
         # How often the runner thread looks at cancel_callback (default every 5 s).
         settings={"pexpect_timeout": CANCEL_POLL_S},
     )
-
-
-def wait_thread(thread: threading.Thread, timeout: float | None = None) -> None:
-    """Wait for a thread without Thread.join: a signal interrupting join makes Python 3.11
-    mark the thread stopped while it still runs (bpo-45274), and later waits return at once."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while thread.is_alive() and (deadline is None or time.monotonic() < deadline):
-        time.sleep(0.1)
 
 
 def stop_playbook(thread: threading.Thread, cancel: threading.Event, runner: Any) -> None:
