@@ -179,6 +179,42 @@ def test_verify_hosts_reports_each_host_even_when_it_fails(monkeypatch):
     assert ("down", "connecting") in seen
 
 
+def test_verify_image_container_ends_and_goes_by_itself(monkeypatch):
+    """--image: the throwaway container outlives the agent's deadline by a bounded grace, then
+    the engine removes it, so an interrupt answered late or a killed umprov leaves nothing for
+    good; umprov still removes it at once when it can."""
+    import umprov.hosts.engine
+    from umprov.hosts.engine import THROWAWAY_GRACE_S
+
+    started: list[dict] = []
+    removed: list[str] = []
+
+    class Box:
+        name = "umprov-verify-x"
+
+        def remove(self, force=False):
+            removed.append(self.name)
+
+    def run(image, **kw):
+        started.append({"image": image, **kw})
+        return Box()
+
+    def fake_client(host, trust_new=False):
+        return SimpleNamespace(containers=SimpleNamespace(run=run), close=lambda: None)
+
+    def fake_agent(client, container, **kw):
+        return report.failed_host_report("gpu1", "host.gpu_visible", "no GPU")
+
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client", fake_client)
+    monkeypatch.setattr(remote, "run_agent_in_container", fake_agent)
+    opts = remote.VerifyOptions(quick=True, timeout=40, image="umprov/pytorch-cuda:x")
+    remote.verify_hosts([SimpleNamespace(name="gpu1", vars={})], opts, progress=lambda h, m: None)
+    (kw,) = started
+    assert kw["image"] == "umprov/pytorch-cuda:x" and kw["auto_remove"] is True
+    assert kw["command"] == ["sleep", str(int(opts.overall_timeout() + THROWAWAY_GRACE_S))]
+    assert removed == ["umprov-verify-x"]
+
+
 def test_burn_in_and_exclusive_reach_the_agent_and_its_deadline():
     opts = remote.VerifyOptions(timeout=60, duration=600, exclusive=True)
     args = opts.agent_args({})

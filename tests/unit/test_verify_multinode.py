@@ -101,13 +101,28 @@ def test_container_kwargs_host_network_and_gpus() -> None:
     hc = {"Runtime": "nvidia", "DeviceRequests": [
         {"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]],
          "Options": {}}]}
-    kw = container_kwargs("sha256:abc", "umprov-mn-1", "umprov-1", hc, raise_limits=True)
+    kw = container_kwargs("sha256:abc", "umprov-mn-1", "umprov-1", hc, raise_limits=True,
+                          run_s=MultiNodeOptions().run_bound())
     assert kw["network_mode"] == "host" and kw["runtime"] == "nvidia"
     assert kw["labels"]["org.umprov.multinode"] == "umprov-1"
     assert kw["device_requests"][0]["Count"] == -1
     assert {u["Name"] for u in kw["ulimits"]} == {"memlock", "stack"}
-    lab = container_kwargs("img", "n", "r", {}, raise_limits=False)
+    lab = container_kwargs("img", "n", "r", {}, raise_limits=False, run_s=60)
     assert "ulimits" not in lab and "device_requests" not in lab and "runtime" not in lab
+
+
+def test_a_leftover_container_ends_and_goes_by_itself() -> None:
+    """Should umprov never get to remove it (killed, its connection lost), the engine stops the
+    container once the run's bound and a grace have passed, and removes it."""
+    from umprov.hosts.engine import THROWAWAY_GRACE_S
+
+    opts = MultiNodeOptions(timeout=100)
+    kw = container_kwargs("img", "n", "r", {}, raise_limits=False, run_s=opts.run_bound())
+    assert kw["auto_remove"] is True and kw["detach"] is True
+    assert kw["command"][0] == "sleep"
+    lifetime = float(kw["command"][1])
+    assert lifetime == opts.run_bound() + THROWAWAY_GRACE_S
+    assert opts.run_bound() >= opts.run_deadline() + 3 * opts.timeout
 
 
 def test_judge_busbw() -> None:

@@ -184,6 +184,20 @@ def exec_in(
     return box["rc"], box["out"]
 
 
+# A throwaway container outlives its run by this much at most: should umprov be gone before it
+# removes the container (killed, its connection lost, a create the engine answered only after
+# an interrupt), the engine ends and removes it by itself.
+THROWAWAY_GRACE_S = 300
+
+
+def throwaway(run_s: float) -> dict[str, Any]:
+    """containers.run arguments of a container that idles for the agent's execs: its main
+    process ends ``run_s`` + THROWAWAY_GRACE_S seconds after the start, and the engine then
+    removes it (a leftover never keeps a host's GPUs for good)."""
+    return {"command": ["sleep", str(int(run_s + THROWAWAY_GRACE_S))], "entrypoint": [],
+            "auto_remove": True, "detach": True}
+
+
 def tar_files(files: Mapping[str, bytes], *, mode: int = 0o644) -> bytes:
     """An uncompressed tar of ``files`` (path in the archive -> content), owned by root, for
     ``put_archive``."""

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import is_loopback
-from umprov.hosts.engine import engine_error, exec_in, tar_files
+from umprov.hosts.engine import engine_error, exec_in, tar_files, throwaway
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress, quiet
 from umprov.inventory import flag
@@ -83,6 +83,11 @@ class MultiNodeOptions:
     def run_deadline(self) -> float:
         """How long torchrun may run on a host: start-up, join, collectives, shutdown."""
         return 60 + self.timeout * 3
+
+    def run_bound(self) -> float:
+        """How long a host's container may be needed: every host's set-up (connect, start,
+        copy: a timeout each), then torchrun."""
+        return self.timeout * 3 + self.run_deadline()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,13 +183,14 @@ def nproc_for(backend: str, gpus: int, override: int | None) -> int:
 
 
 def container_kwargs(image: str, name: str, run_id: str, deployed_host_config: Mapping[str, Any],
-                     *, raise_limits: bool) -> dict[str, Any]:
-    """A throwaway container of the deployed image on the host's network, with its GPUs."""
+                     *, raise_limits: bool, run_s: float) -> dict[str, Any]:
+    """A throwaway container of the deployed image on the host's network, with its GPUs, that
+    ends by itself once ``run_s`` (the whole run's bound) and a grace have passed."""
     from docker.types import DeviceRequest, Ulimit
 
     kw: dict[str, Any] = {
-        "image": image, "name": name, "command": ["sleep", "infinity"], "entrypoint": [],
-        "detach": True, "network_mode": "host", "shm_size": "16g",
+        **throwaway(run_s), "image": image, "name": name, "network_mode": "host",
+        "shm_size": "16g",
         "labels": {LABEL: run_id, "org.umprov.managed": "false"},
     }
     if raise_limits:  # umprov_container_limits: needs CAP_SYS_RESOURCE (see deploy/options.py)
@@ -324,7 +330,8 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
     kwargs = container_kwargs(deployed.image.id, container_name(run_id), run_id,
                               deployed.attrs.get("HostConfig") or {},
                               raise_limits=flag(st.run.vars.get("umprov_container_limits"),
-                                                default=True))
+                                                default=True),
+                              run_s=opts.run_bound())
     with st.lock:
         if st.closing:
             return _failed(st, "container", "interrupted before its container started")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from umprov.errors import Cancelled, TrustError, UmprovError, Unreachable
-from umprov.hosts.engine import exec_in, tar_files, untar_one
+from umprov.hosts.engine import exec_in, tar_files, throwaway, untar_one
 from umprov.hosts.fanout import Parallel
 from umprov.hosts.progress import Progress, quiet
 from umprov.verify.bundle import AGENT_NAME, agent_zipapp
@@ -266,13 +266,11 @@ def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
     from docker.types import DeviceRequest, Ulimit
 
     kwargs: dict[str, Any] = {
-        "command": ["sleep", "infinity"],
-        "detach": True,
+        **throwaway(opts.overall_timeout()),
         "name": f"umprov-verify-{secrets.token_hex(3)}",
         "shm_size": "16g",
         "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)],
         "labels": {"org.umprov.verify": "1"},
-        "entrypoint": [],
     }
     note = ""
     try:
