@@ -230,6 +230,19 @@ class SlurmLab:
         rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") == 2]
         return {node: (state, "" if reason == "none" else reason) for node, state, reason in rows}
 
+    def nodes_responding(self, within: float = 45) -> dict[str, tuple[str, str]]:
+        """``nodes_now`` once no state carries sinfo's `*` (slurmctld's last ping of the node
+        failed: seen for a while on a host restarted earlier, never from a drain or resume),
+        or after ``within`` seconds (SlurmdTimeout and a margin), whatever it says then."""
+        import time
+
+        deadline = time.monotonic() + within
+        now = self.nodes_now()
+        while any(s.endswith("*") for s, _ in now.values()) and time.monotonic() < deadline:
+            time.sleep(1)
+            now = self.nodes_now()
+        return now
+
     def ssh(self, node: str, command: str) -> subprocess.CompletedProcess[str]:
         return ssh(self.key_file, self.known_hosts, self.ports[node], command)
 
