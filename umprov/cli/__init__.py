@@ -253,11 +253,11 @@ def leave(code: int) -> None:
     the interpreter's exit would wait for every thread that is not a daemon, without bound:
     ansible-runner's, still reading a killed playbook's last output and writing its artifacts,
     took over a minute on a starved machine. Those get EXIT_GRACE_S, then are left."""
-    import threading
-
-    from umprov.procs import wait_thread
-
     if code >= 128:
+        import threading
+
+        from umprov.procs import wait_thread
+
         others = [t for t in threading.enumerate()
                   if t is not threading.current_thread() and not t.daemon]
         deadline = time.monotonic() + EXIT_GRACE_S

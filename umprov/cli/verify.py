@@ -10,7 +10,6 @@ import click
 
 from umprov.cli.options import inventory_options, json_option
 from umprov.output import emit_json, say, say_untrusted
-from umprov.verify.local import run_local
 
 if TYPE_CHECKING:
     from umprov.inventory import InventoryRequest
@@ -180,6 +179,8 @@ def verify(
                              trust_new=trust_new_hosts,
                              slurm=slurm if launcher == "slurm" else None)
     elif local:
+        from umprov.verify.local import run_local
+
         docs = [run_local(quick=quick, timeout=timeout, expected_gpus=expected_gpus,
                           overrides=overrides, python=python, duration=seconds,
                           exclusive=exclusive, passive=passive)]
