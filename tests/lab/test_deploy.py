@@ -352,6 +352,25 @@ def test_verify_in_deployed_containers_reports_no_gpu_honestly(
         assert f'umprov_verify_host_verdict{{host="{name}"' in text
 
 
+def test_verify_image_runs_the_agent_in_a_container_of_its_own_and_leaves_none(
+    first_deploy: dict[str, Any],
+) -> None:
+    """--image: a throwaway container per host; no NVIDIA runtime on the lab hosts, so the one
+    asked for with GPUs is refused at its start, and the agent runs in one without, saying so."""
+    result = cli("verify", str(LAB["inventory"]), "--image", TAG, "--json")
+    assert result.exit_code == 13, result.stderr
+    data = json.loads(result.stdout)
+    assert sorted(h["host"] for h in data["hosts"]) == sorted(LAB["names"])
+    for report in data["hosts"]:
+        failed = [r for r in report["records"] if r["verdict"] == "fail"]
+        assert [r["check"] for r in failed] == ["host.gpu_visible"], failed
+        assert "the container could not get GPUs" in failed[0]["detail"], failed[0]["detail"]
+    for host in LAB["hosts"]:
+        left = ssh(LAB["key"], LAB["known_hosts"], host["port"],
+                   "docker ps -a --filter label=org.umprov.verify --format '{{.Names}}'")
+        assert left.returncode == 0 and left.stdout.strip() == "", (host["name"], left.stdout)
+
+
 def test_incremental_push_sends_only_the_new_layer(first_deploy: dict[str, Any],
                                                    docker_client: Any) -> None:
     """v2 = the pushed image plus one small layer: only that layer crosses to the host (which

@@ -215,6 +215,44 @@ def test_verify_image_container_ends_and_goes_by_itself(monkeypatch):
     assert removed == ["umprov-verify-x"]
 
 
+def test_verify_image_without_a_gpu_runtime_leaves_no_refused_container(monkeypatch):
+    """An engine may create the container and refuse it only at its start (no NVIDIA runtime):
+    that one is removed before the agent runs in one without GPUs, under the same name."""
+    import docker.errors
+
+    import umprov.hosts.engine
+
+    names: list[str] = []
+    removed: list[str] = []
+
+    class Box:
+        def __init__(self, name):
+            self.name = name
+
+        def remove(self, force=False):
+            removed.append(self.name)
+
+    def run(image, **kw):
+        if names and names[-1] == kw["name"] and kw["name"] not in removed:
+            raise docker.errors.APIError(f"Conflict: the name {kw['name']} is in use")
+        names.append(kw["name"])
+        if "device_requests" in kw:
+            raise docker.errors.APIError('could not select device driver "" with capabilities')
+        return Box(kw["name"])
+
+    containers = SimpleNamespace(run=run, get=lambda name: Box(name))
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client",
+                        lambda host, trust_new=False: SimpleNamespace(containers=containers,
+                                                                      close=lambda: None))
+    monkeypatch.setattr(remote, "run_agent_in_container", lambda client, container, **kw:
+                        report.failed_host_report("gpu1", "host.gpu_visible", "no GPU"))
+    opts = remote.VerifyOptions(quick=True, image="umprov/pytorch-cuda:x")
+    (doc,) = remote.verify_hosts([SimpleNamespace(name="gpu1", vars={})], opts,
+                                 progress=lambda h, m: None)
+    assert "the container could not get GPUs" in doc["records"][0]["detail"]
+    assert removed == [names[0], names[0]]  # the refused one, then the one the agent ran in
+
+
 def test_burn_in_and_exclusive_reach_the_agent_and_its_deadline():
     opts = remote.VerifyOptions(timeout=60, duration=600, exclusive=True)
     args = opts.agent_args({})

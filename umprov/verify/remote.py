@@ -278,6 +278,8 @@ def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
             opts.image, device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
             **kwargs)
     except APIError as exc:
+        with contextlib.suppress(Exception):  # created, then refused at its start: not left
+            client.containers.get(kwargs["name"]).remove(force=True)
         text = " ".join(str(getattr(exc, "explanation", "") or exc).split())
         if "device driver" not in text and "gpu" not in text.lower():
             raise
