@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -234,8 +235,6 @@ class SlurmLab:
         """``nodes_now`` once no state carries sinfo's `*` (slurmctld's last ping of the node
         failed: seen for a while on a host restarted earlier, never from a drain or resume),
         or after ``within`` seconds (SlurmdTimeout and a margin), whatever it says then."""
-        import time
-
         deadline = time.monotonic() + within
         now = self.nodes_now()
         while any(s.endswith("*") for s, _ in now.values()) and time.monotonic() < deadline:

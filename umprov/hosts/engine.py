@@ -198,6 +198,18 @@ def throwaway(run_s: float) -> dict[str, Any]:
             "auto_remove": True, "detach": True}
 
 
+def start_throwaway(client: Any, **kwargs: Any) -> Any:
+    """``client.containers.run(**kwargs)`` (``name`` given). docker-py's run is a create and a
+    start: a container the engine created but then refused to start is removed before the
+    error is raised, so nothing is left and a retry may take its name."""
+    try:
+        return client.containers.run(**kwargs)
+    except Exception:
+        with contextlib.suppress(Exception):
+            client.containers.get(kwargs["name"]).remove(force=True)
+        raise
+
+
 def tar_files(files: Mapping[str, bytes], *, mode: int = 0o644) -> bytes:
     """An uncompressed tar of ``files`` (path in the archive -> content), owned by root, for
     ``put_archive``."""

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import is_loopback
-from umprov.hosts.engine import engine_error, exec_in, tar_files, throwaway
+from umprov.hosts.engine import engine_error, exec_in, start_throwaway, tar_files, throwaway
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress, quiet
 from umprov.inventory import flag
@@ -337,10 +337,8 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
             return _failed(st, "container", "interrupted before its container started")
         st.started.clear()
     try:
-        st.container = st.client.containers.run(**kwargs)
+        st.container = start_throwaway(st.client, **kwargs)
     except Exception as exc:
-        with contextlib.suppress(Exception):  # created but not started: do not leave it
-            st.client.containers.get(kwargs["name"]).remove(force=True)
         return _failed(st, "container",
                        f"cannot start a container: {engine_error(exc, named=True)}")
     finally:

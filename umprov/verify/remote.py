@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from umprov.errors import Cancelled, TrustError, UmprovError, Unreachable
-from umprov.hosts.engine import exec_in, tar_files, throwaway, untar_one
+from umprov.hosts.engine import exec_in, start_throwaway, tar_files, throwaway, untar_one
 from umprov.hosts.fanout import Parallel
 from umprov.hosts.progress import Progress, quiet
 from umprov.verify.bundle import AGENT_NAME, agent_zipapp
@@ -267,6 +267,7 @@ def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
 
     kwargs: dict[str, Any] = {
         **throwaway(opts.overall_timeout()),
+        "image": opts.image,
         "name": f"umprov-verify-{secrets.token_hex(3)}",
         "shm_size": "16g",
         "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)],
@@ -274,19 +275,16 @@ def _in_fresh_container(client: Any, host_name: str, opts: VerifyOptions,
     }
     note = ""
     try:
-        container = client.containers.run(
-            opts.image, device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
-            **kwargs)
+        container = start_throwaway(
+            client, device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])], **kwargs)
     except APIError as exc:
-        with contextlib.suppress(Exception):  # created, then refused at its start: not left
-            client.containers.get(kwargs["name"]).remove(force=True)
         text = " ".join(str(getattr(exc, "explanation", "") or exc).split())
         if "device driver" not in text and "gpu" not in text.lower():
             raise
         # No NVIDIA runtime on the host: run without GPUs so the agent reports that honestly.
         note = f"the container could not get GPUs: {text[:200]}"
         kwargs.pop("ulimits")
-        container = client.containers.run(opts.image, **kwargs)
+        container = start_throwaway(client, **kwargs)
     try:
         doc = run_agent_in_container(client, container, args=args, profile=opts.profile,
                                      timeout=opts.overall_timeout(), host=host_name,
