@@ -12,6 +12,7 @@ machine shifts both alike:
     git clone -q . /tmp/umprov-old && git -C /tmp/umprov-old checkout -q 418d645
     make -C /tmp/umprov-old venv
     .venv/bin/python bench/ab_checkouts.py --old /tmp/umprov-old --hosts 8 --repeat 3
+    .venv/bin/python bench/ab_checkouts.py --old /tmp/umprov-old --help-only --repeat 5
 
 The lab is brought up and converged by the new checkout (`--lab`, default `bench-ab`). An older
 checkout may not know the inventory variables the new lab writes: `--old-inventory-sed` rewrites
@@ -70,6 +71,22 @@ def old_inventory(inventory: Path, sed: str, directory: Path) -> Path:
     return copy
 
 
+def help_median(checkout: Path) -> float:
+    return wall([str(checkout / ".venv" / "bin" / "umprov"), "--help"])["median_s"]
+
+
+def help_only(checkouts: dict[str, Path], repeat: int) -> None:
+    runs: dict[str, list[float]] = {"old": [], "new": []}
+    for round_ in range(repeat):
+        for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
+            runs[side].append(help_median(checkouts[side]))
+    result: dict[str, Any] = {"old": str(checkouts["old"]), "repeat": repeat,
+                              "help": {side: spread(r) for side, r in runs.items()}}
+    result["help_ratio_new_to_old"] = round(
+        result["help"]["new"]["median_s"] / result["help"]["old"]["median_s"], 3)
+    save("ab_help", result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", type=Path, required=True, help="the other checkout (with .venv)")
@@ -79,8 +96,12 @@ def main() -> None:
     parser.add_argument("--old-inventory-sed", default=OLD_SED,
                         help="'FROM=TO;...' text replacements for the old checkout's inventory")
     parser.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    parser.add_argument("--help-only", action="store_true",
+                        help="only `umprov --help`, no lab (seconds instead of minutes)")
     args = parser.parse_args()
     checkouts = {"old": args.old.resolve(), "new": NEW}
+    if args.help_only:
+        return help_only(checkouts, args.repeat)
     help_runs: dict[str, list[float]] = {"old": [], "new": []}
     noop_runs: dict[str, list[float]] = {"old": [], "new": []}
     _, lab = umprov(NEW, "lab", "up", "--hosts", str(args.hosts), "--name", args.lab)
@@ -92,8 +113,7 @@ def main() -> None:
                        "old": old_inventory(inventory, args.old_inventory_sed, Path(tmp))}
         for round_ in range(args.repeat):
             for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
-                exe = str(checkouts[side] / ".venv" / "bin" / "umprov")
-                help_runs[side].append(wall([exe, "--help"])["median_s"])
+                help_runs[side].append(help_median(checkouts[side]))
                 seconds, doc = umprov(checkouts[side], "provision", str(inventories[side]))
                 noop_runs[side].append(seconds)
                 print(f"round {round_ + 1} {side}: --help {help_runs[side][-1]:.3f} s, "
