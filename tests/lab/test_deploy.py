@@ -296,7 +296,9 @@ def test_docker_stopped_on_one_host(first_deploy: dict[str, Any]) -> None:
 
 def test_port_taken_fails_clearly_and_keeps_the_old_container(first_deploy: dict[str, Any]) -> None:
     name = LAB["names"][0]
-    before = deploy("--limit", name)[1][name]["container_id"]
+    first = deploy("--limit", name)[1][name]
+    assert first["ok"] and first["container_id"], first  # its reason, should it fail (seen once)
+    before = first["container_id"]
     # The lab host's own sshd listens on port 22 of every address.
     result, hosts = deploy("--limit", name, "--ssh-port", "22")
     assert result.exit_code == 10
