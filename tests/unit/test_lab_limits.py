@@ -50,7 +50,9 @@ def test_the_engine_the_lab_starts_is_no_child_of_the_caller(tmp_path: Path) -> 
     daemon = [sys.executable, "-c", "import time; time.sleep(30)", mark]
     engine.start_detached(daemon, tmp_path / "daemon.log")
     deadline = time.monotonic() + 10
-    while not (started := [p for p in procs.processes() if mark in p.cmdline]):
+    # setsid's forked child carries the mark too, for the moment before its setsid() and exec.
+    while not (started := [p for p in procs.processes()
+                           if mark in p.cmdline and p.cmdline.startswith(sys.executable)]):
         assert time.monotonic() < deadline, "the daemon did not start"
         time.sleep(0.05)
     try:
