@@ -3,6 +3,9 @@ a container under a deadline, tar in and out (no Docker, no network)."""
 
 from __future__ import annotations
 
+import io
+import socket
+import struct
 import threading
 import time
 from types import SimpleNamespace
@@ -13,7 +16,14 @@ from docker.models.containers import ExecResult
 
 from umprov.errors import Cancelled, ExitCode
 from umprov.hosts import is_loopback, render
-from umprov.hosts.engine import engine_error, exec_in, one_line, tar_files, untar_one
+from umprov.hosts.engine import (
+    engine_error,
+    exec_in,
+    keep_exec_output,
+    one_line,
+    tar_files,
+    untar_one,
+)
 from umprov.hosts.fanout import settle
 from umprov.hosts.results import HostOutcome, Kind, exit_code
 
@@ -148,6 +158,68 @@ def test_exec_in_raises_the_sdks_error_in_the_caller():
 
     with pytest.raises(ConnectionError, match="gone"):
         exec_in(Broken(), ["x"], 5)
+
+
+class _Engine:
+    """A requests adapter standing in for an engine over SSH: the command's frames already sit
+    in the buffer the response's headers were read through (they came in together), and the
+    channel behind it is at its end, as when a short command ended before the client read on."""
+
+    def __init__(self, frames: bytes) -> None:
+        self.frames = frames
+        self.channels: list[socket.socket] = []
+
+    def send(self, request: Any, **_kw: Any) -> Any:
+        import requests
+
+        response = requests.Response()
+        response.status_code, response.request, response.url = 200, request, request.url
+        if request.url.endswith("/exec"):
+            response._content = b'{"Id": "e1"}'
+        elif request.url.endswith("/exec/e1/json"):
+            response._content = b'{"ExitCode": 0, "Running": false}'
+        else:  # /exec/e1/start
+            ours, theirs = socket.socketpair()
+            theirs.close()
+            self.channels.append(ours)
+            buffered = io.BytesIO(self.frames)
+            buffered.channel = ours  # what the SDK reads for ssh://
+            response.raw = SimpleNamespace(_fp=SimpleNamespace(fp=buffered),
+                                           close=lambda: None, release_conn=lambda: None)
+        return response
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+
+def _frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(data)) + data
+
+
+@pytest.mark.parametrize("demux", [False, True])
+def test_exec_output_that_came_with_the_headers_is_kept(demux: bool) -> None:
+    import docker
+    from docker.models.containers import Container as Model
+
+    frames = _frame(1, b"ssh-ed25519 AAAA") + _frame(2, b"a warning\n") + _frame(1, b" key\n")
+    api = docker.APIClient(base_url="ssh://lab@127.0.0.1:2222", use_ssh_client=True,
+                           version="1.41")
+    engine = _Engine(frames)
+    api.mount("http+docker://ssh", engine)
+    try:
+        # The SDK's own reading loses it all: exit code 0, no output.
+        assert docker.APIClient.exec_start(api, "e1") == b""
+        keep_exec_output(api)
+        result = Model(attrs={"Id": "c1"}, client=SimpleNamespace(api=api)).exec_run(
+            ["cat", "key.pub"], demux=demux)
+    finally:
+        engine.close()
+    assert result.exit_code == 0
+    if demux:
+        assert result.output == (b"ssh-ed25519 AAAA key\n", b"a warning\n")
+    else:
+        assert result.output == b"ssh-ed25519 AAAAa warning\n key\n"  # as the frames came
 
 
 def test_tar_round_trip_and_modes():

@@ -1,0 +1,138 @@
+"""Command output through `docker exec` over umprov's SSH client: lost or whole (README "Exec").
+
+The docker SDK's ``exec_start`` reads the upgraded connection past the HTTP client's buffer,
+so output that arrived together with the response headers is dropped: exit code 0, empty
+output. umprov's client reads through that buffer (umprov/hosts/engine.py, ``_exec_start``).
+Both are run here in one session, against one container on one lab host, interleaved: N
+``cat`` of a known file each, with ``--load`` threads spinning in this process beside them (a
+busy control machine: the GIL and the CPUs taken), then one large output (stdout and stderr)
+compared byte for byte.
+
+    python bench/exec_output.py [--execs 300] [--load 0,2] [--lab bench-exec] [--keep]
+
+Brings up a one-host lab (`umprov lab up`, `provision --only docker`), makes a tiny image on
+that host from its own binaries, runs a container of it; `lab down` at the end unless --keep.
+Results go to bench/results/exec_output.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+UMPROV = [sys.executable, "-m", "umprov"]
+CONTAINER = "umprov-bench-exec"
+# The host's own cat, sh, sleep and base64 with the C library: an image made on the host itself.
+TINY = ("tar -C / -c bin lib lib64 etc/ld.so.cache usr/bin/cat usr/bin/sh usr/bin/dash "
+        "usr/bin/sleep usr/bin/base64 usr/lib64 usr/lib/x86_64-linux-gnu/libc.so.6 "
+        "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 usr/lib/os-release "
+        "| docker import - umprov-bench/tiny:1 >/dev/null")
+
+
+def umprov(*args: str) -> dict[str, Any]:
+    done = subprocess.run([*UMPROV, *args, "--json"], cwd=REPO, text=True, capture_output=True,
+                          check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"umprov {' '.join(args)} failed ({done.returncode}): "
+                         f"{done.stderr[-600:]}")
+    return json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def on_host(lab: str, command: str) -> None:
+    done = subprocess.run(["docker", "exec", f"umprov-lab-{lab}-1", "sh", "-c", command],
+                          text=True, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"on the lab host: {command}: {done.stderr[-600:]}")
+
+
+def stock(container: Any, cmd: list[str], demux: bool = False) -> tuple[int | None, Any]:
+    """The SDK's own exec_start (the class's method, not the one umprov's client mounts)."""
+    import docker
+
+    api = container.client.api
+    exec_id = api.exec_create(container.id, cmd)["Id"]
+    out = docker.APIClient.exec_start(api, exec_id, demux=demux)
+    return api.exec_inspect(exec_id)["ExitCode"], out
+
+
+def umprovs(container: Any, cmd: list[str], demux: bool = False) -> tuple[int | None, Any]:
+    res = container.exec_run(cmd, demux=demux)
+    return res.exit_code, res.output
+
+
+def spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+def round_of(container: Any, execs: int, load: int, expected: bytes) -> dict[str, Any]:
+    stop = threading.Event()
+    for _ in range(load):
+        threading.Thread(target=spin, args=(stop,), daemon=True).start()
+    counts = {name: {"empty": 0, "wrong": 0, "failed": 0} for name in ("sdk", "umprov")}
+    cmd = ["cat", "/usr/lib/os-release"]
+    try:
+        for _ in range(execs):
+            for name, run in (("sdk", stock), ("umprov", umprovs)):
+                rc, out = run(container, cmd)
+                if rc != 0:
+                    counts[name]["failed"] += 1
+                elif not out:
+                    counts[name]["empty"] += 1
+                elif out != expected:
+                    counts[name]["wrong"] += 1
+    finally:
+        stop.set()
+    return {"execs": execs, "busy_threads": load, **counts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execs", type=int, default=300)
+    parser.add_argument("--load", default="0,2", help="busy threads beside, per round")
+    parser.add_argument("--lab", default="bench-exec")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+
+    from umprov.hosts.engine import docker_client
+    from umprov.inventory import load_inventory
+
+    up = umprov("lab", "up", "--name", args.lab, "--hosts", "1")
+    try:
+        umprov("provision", up["inventory"], "--only", "docker")
+        on_host(args.lab, f"docker rm -f {CONTAINER} >/dev/null 2>&1; {TINY}; docker run -d "
+                          f"--name {CONTAINER} umprov-bench/tiny:1 sleep infinity >/dev/null")
+        client = docker_client(load_inventory(up["inventory"]).hosts[0])
+        container = client.containers.get(CONTAINER)
+        content = subprocess.run(["docker", "exec", f"umprov-lab-{args.lab}-1", "cat",
+                                  "/usr/lib/os-release"], capture_output=True, check=True).stdout
+        rounds = [round_of(container, args.execs, int(n), content) for n in args.load.split(",")]
+        big = ["sh", "-c", "base64 /usr/lib/x86_64-linux-gnu/libc.so.6; echo done >&2"]
+        started = time.perf_counter()
+        # Apart (demux): the engine copies stdout and stderr in two goroutines, so the order of
+        # their frames in one stream differs from run to run.
+        _, sdk_big = stock(container, big, demux=True)
+        _, ours_big = umprovs(container, big, demux=True)
+        large = {"stdout_bytes_sdk": len(sdk_big[0] or b""),
+                 "stdout_bytes_umprov": len(ours_big[0] or b""),
+                 "stderr_umprov": (ours_big[1] or b"").decode(), "equal": sdk_big == ours_big,
+                 "seconds": round(time.perf_counter() - started, 2)}
+        save("exec_output", {"rounds": rounds, "large_output": large})
+    finally:
+        if not args.keep:
+            subprocess.run([*UMPROV, "lab", "down", "--name", args.lab], cwd=REPO,
+                           capture_output=True, check=False)
+
+
+if __name__ == "__main__":
+    main()
