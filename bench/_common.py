@@ -7,10 +7,12 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(os.environ.get("UMPROV_BENCH_OUT", Path(__file__).parent / "results"))
 
 
@@ -28,6 +30,19 @@ def wall(argv: Sequence[str], *, repeat: int = 7, env: dict[str, str] | None = N
         "max_s": round(max(times), 4),
         "runs": repeat,
     }
+
+
+def umprov_json(*args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, dict]:
+    """Wall seconds and the JSON document of `umprov ARGS --json`, run from the repository; a
+    run whose exit code is not in ``ok`` ends the benchmark, naming it and its stderr's end."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "umprov", *args, "--json"], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+    took = time.perf_counter() - start
+    if done.returncode not in ok:
+        raise SystemExit(f"umprov {' '.join(args)} failed ({done.returncode}): "
+                         f"{done.stderr[-800:]}")
+    return took, json.loads(done.stdout) if done.stdout.strip() else {}
 
 
 def save(name: str, data: dict) -> Path:

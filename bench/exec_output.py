@@ -18,7 +18,6 @@ Results go to bench/results/exec_output.json.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save  # noqa: E402
+from _common import save, umprov_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 UMPROV = [sys.executable, "-m", "umprov"]
@@ -37,15 +36,6 @@ TINY = ("tar -C / -c bin lib lib64 etc/ld.so.cache usr/bin/cat usr/bin/sh usr/bi
         "usr/bin/sleep usr/bin/base64 usr/lib64 usr/lib/x86_64-linux-gnu/libc.so.6 "
         "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 usr/lib/os-release "
         "| docker import - umprov-bench/tiny:1 >/dev/null")
-
-
-def umprov(*args: str) -> dict[str, Any]:
-    done = subprocess.run([*UMPROV, *args, "--json"], cwd=REPO, text=True, capture_output=True,
-                          check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"umprov {' '.join(args)} failed ({done.returncode}): "
-                         f"{done.stderr[-600:]}")
-    return json.loads(done.stdout) if done.stdout.strip() else {}
 
 
 def on_host(lab: str, command: str) -> None:
@@ -107,9 +97,9 @@ def main() -> None:
     from umprov.hosts.engine import docker_client
     from umprov.inventory import load_inventory
 
-    up = umprov("lab", "up", "--name", args.lab, "--hosts", "1")
+    _, up = umprov_json("lab", "up", "--name", args.lab, "--hosts", "1")
     try:
-        umprov("provision", up["inventory"], "--only", "docker")
+        umprov_json("provision", up["inventory"], "--only", "docker")
         on_host(args.lab, f"docker rm -f {CONTAINER} >/dev/null 2>&1; {TINY}; docker run -d "
                           f"--name {CONTAINER} umprov-bench/tiny:1 sleep infinity >/dev/null")
         client = docker_client(load_inventory(up["inventory"]).hosts[0])

@@ -22,7 +22,6 @@ Results go to bench/results/rolling.json. Needs the lab (a Docker engine, root).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -36,23 +35,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save  # noqa: E402
+from _common import umprov_json as umprov  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 HEALTH_PLAY = [{"name": "The GPU health check", "hosts": "slurm_compute", "become": True,
                 "gather_facts": False, "roles": ["slurm_gpu_health"]}]
-
-
-def umprov(*args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, dict[str, Any]]:
-    """Wall seconds and JSON of `umprov ARGS --json`."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "umprov", *args, "--json"], cwd=REPO,
-                          capture_output=True, text=True, check=False)
-    took = time.perf_counter() - start
-    if done.returncode not in ok:
-        raise SystemExit(f"umprov {' '.join(args)} failed ({done.returncode}): "
-                         f"{done.stderr[-800:]}")
-    return took, json.loads(done.stdout) if done.stdout.strip() else {}
 
 
 def on_controller(lab: dict[str, Any], *argv: str) -> str:
