@@ -28,14 +28,57 @@ from umprov.hosts.ssh import connect, host_pattern
 # Clients
 
 
+# A new SSH session that the host's sshd refuses (past its MaxSessions) is asked for again
+# until this many seconds have passed: the sessions of closed connections end with their
+# ``docker system dial-stdio``, which a loaded host takes a moment to finish.
+SESSION_WAIT_S = 30.0
+# Idle connections (SSH sessions) kept for reuse: more than umprov runs at once on one engine,
+# well under sshd's default MaxSessions (10).
+POOL_SIZE = 4
+
+
 def _ssh_adapter_class() -> type:
-    """A docker SSHHTTPAdapter that uses an SSHClient we connected (and verified) ourselves."""
+    """A docker SSHHTTPAdapter that uses an SSHClient we connected (and verified) ourselves,
+    with one pool of connections for the engine (``get_connection``)."""
+    import paramiko
     from docker.transport import sshconn
     from docker.transport.basehttpadapter import BaseHTTPAdapter
 
-    constants = sshconn.constants
     SSHHTTPAdapter = sshconn.SSHHTTPAdapter
     RecentlyUsedContainer = sshconn.RecentlyUsedContainer
+
+    class SessionConnection(sshconn.SSHConnection):
+        """An HTTP connection to the engine: one SSH session running dial-stdio."""
+
+        host_name = ""
+
+        def connect(self) -> None:
+            deadline = time.monotonic() + SESSION_WAIT_S
+            pause = 0.05
+            while True:
+                try:
+                    channel = self.ssh_transport.open_session()
+                    break
+                except paramiko.ChannelException as exc:
+                    if time.monotonic() + pause > deadline:
+                        raise EngineDown(
+                            f"{self.host_name}: sshd refused a new SSH session for "
+                            f"{SESSION_WAIT_S:.0f} s ({exc}); is its MaxSessions below the "
+                            f"few that umprov opens at once ({POOL_SIZE} idle at most)?"
+                        ) from None
+                    time.sleep(pause)
+                    pause = min(2 * pause, 1.0)
+            channel.settimeout(self.timeout)
+            channel.exec_command("docker system dial-stdio")
+            self.sock = channel
+
+    class SessionPool(sshconn.SSHConnectionPool):
+        host_name = ""
+
+        def _new_conn(self) -> Any:
+            conn = SessionConnection(self.ssh_transport, self.timeout, self.ssh_host)
+            conn.host_name = self.host_name
+            return conn
 
     class VerifiedSSHAdapter(SSHHTTPAdapter):
         def __init__(self, host: HostLike, trust_new: bool, timeout: float) -> None:
@@ -46,10 +89,8 @@ def _ssh_adapter_class() -> type:
             self.ssh_params = {}
             self.ssh_host = host_pattern(host.address, host.port)
             self.timeout = timeout
-            self.max_pool_size = constants.DEFAULT_MAX_POOL_SIZE
-            self.pools = RecentlyUsedContainer(
-                constants.DEFAULT_NUM_POOLS_SSH, dispose_func=lambda p: p.close()
-            )
+            self.max_pool_size = POOL_SIZE
+            self.pools = RecentlyUsedContainer(1, dispose_func=lambda p: p.close())
             BaseHTTPAdapter.__init__(self)
             self.ssh_client = connect(host, trust_new=trust_new)
 
@@ -60,12 +101,22 @@ def _ssh_adapter_class() -> type:
             self.ssh_client = connect(self._umprov_host, trust_new=False)
 
         def get_connection(self, url: Any, proxies: Any = None) -> Any:
-            transport = self.ssh_client.get_transport()
-            if transport is None or not transport.is_active():
-                with self.pools.lock:
+            # One pool whatever the URL. The SDK keeps a pool per URL (9 of them), and each
+            # exec has URLs of its own: every exec opened SSH sessions that stayed open in
+            # pools, up to 9 idle at once, one short of sshd's default MaxSessions (10); a
+            # session still ending made the host refuse the next ("Connect failed").
+            with self.pools.lock:
+                transport = self.ssh_client.get_transport()
+                if transport is None or not transport.is_active():
                     self.pools.clear()
-                self._connect()
-            return super().get_connection(url, proxies)
+                    self._connect()
+                pool = self.pools.get("engine")
+                if pool is None:
+                    pool = SessionPool(ssh_client=self.ssh_client, timeout=self.timeout,
+                                       maxsize=self.max_pool_size, host=self.ssh_host)
+                    pool.host_name = self._umprov_host.name
+                    self.pools["engine"] = pool
+            return pool
 
     return VerifiedSSHAdapter
 
