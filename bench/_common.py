@@ -1,4 +1,5 @@
-"""Small helpers shared by the benchmarks: timing and a JSON result file per benchmark."""
+"""Small helpers shared by the benchmarks: timing, umprov's JSON, a one-host lab with a tiny
+container on it, and a JSON result file per benchmark."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,6 +45,39 @@ def umprov_json(*args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, dict]:
         raise SystemExit(f"umprov {' '.join(args)} failed ({done.returncode}): "
                          f"{done.stderr[-800:]}")
     return took, json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+# The host's own cat, sh, sleep and base64 with the C library: an image made on the host itself.
+TINY = ("tar -C / -c bin lib lib64 etc/ld.so.cache usr/bin/cat usr/bin/sh usr/bin/dash "
+        "usr/bin/sleep usr/bin/base64 usr/lib64 usr/lib/x86_64-linux-gnu/libc.so.6 "
+        "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 usr/lib/os-release "
+        "| docker import - umprov-bench/tiny:1 >/dev/null")
+
+
+def on_host(lab: str, command: str) -> str:
+    """``sh -c COMMAND`` on the lab's first host (its container, from this machine): stdout."""
+    done = subprocess.run(["docker", "exec", f"umprov-lab-{lab}-1", "sh", "-c", command],
+                          text=True, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"on the lab host: {command}: {done.stderr[-600:]}")
+    return done.stdout
+
+
+@contextmanager
+def tiny_container_lab(lab: str, container: str, *, keep: bool = False) -> Iterator[dict]:
+    """A one-host lab (`lab up`, `provision --only docker`) running CONTAINER, of an image made
+    on the host from its own binaries; `umprov lab up --json`'s document. `lab down` after,
+    unless ``keep``."""
+    _, up = umprov_json("lab", "up", "--name", lab, "--hosts", "1")
+    try:
+        umprov_json("provision", up["inventory"], "--only", "docker")
+        on_host(lab, f"docker rm -f {container} >/dev/null 2>&1; {TINY}; docker run -d "
+                     f"--name {container} umprov-bench/tiny:1 sleep infinity >/dev/null")
+        yield up
+    finally:
+        if not keep:
+            subprocess.run([sys.executable, "-m", "umprov", "lab", "down", "--name", lab],
+                           cwd=REPO, capture_output=True, check=False)
 
 
 def save(name: str, data: dict) -> Path:

@@ -26,23 +26,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, umprov_json  # noqa: E402
+from _common import save, tiny_container_lab  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-UMPROV = [sys.executable, "-m", "umprov"]
 CONTAINER = "umprov-bench-exec"
-# The host's own cat, sh, sleep and base64 with the C library: an image made on the host itself.
-TINY = ("tar -C / -c bin lib lib64 etc/ld.so.cache usr/bin/cat usr/bin/sh usr/bin/dash "
-        "usr/bin/sleep usr/bin/base64 usr/lib64 usr/lib/x86_64-linux-gnu/libc.so.6 "
-        "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 usr/lib/os-release "
-        "| docker import - umprov-bench/tiny:1 >/dev/null")
-
-
-def on_host(lab: str, command: str) -> None:
-    done = subprocess.run(["docker", "exec", f"umprov-lab-{lab}-1", "sh", "-c", command],
-                          text=True, capture_output=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"on the lab host: {command}: {done.stderr[-600:]}")
 
 
 def stock(container: Any, cmd: list[str], demux: bool = False) -> tuple[int | None, Any]:
@@ -97,11 +83,7 @@ def main() -> None:
     from umprov.hosts.engine import docker_client
     from umprov.inventory import load_inventory
 
-    _, up = umprov_json("lab", "up", "--name", args.lab, "--hosts", "1")
-    try:
-        umprov_json("provision", up["inventory"], "--only", "docker")
-        on_host(args.lab, f"docker rm -f {CONTAINER} >/dev/null 2>&1; {TINY}; docker run -d "
-                          f"--name {CONTAINER} umprov-bench/tiny:1 sleep infinity >/dev/null")
+    with tiny_container_lab(args.lab, CONTAINER, keep=args.keep) as up:
         client = docker_client(load_inventory(up["inventory"]).hosts[0])
         container = client.containers.get(CONTAINER)
         content = subprocess.run(["docker", "exec", f"umprov-lab-{args.lab}-1", "cat",
@@ -118,10 +100,6 @@ def main() -> None:
                  "stderr_umprov": (ours_big[1] or b"").decode(), "equal": sdk_big == ours_big,
                  "seconds": round(time.perf_counter() - started, 2)}
         save("exec_output", {"rounds": rounds, "large_output": large})
-    finally:
-        if not args.keep:
-            subprocess.run([*UMPROV, "lab", "down", "--name", args.lab], cwd=REPO,
-                           capture_output=True, check=False)
 
 
 if __name__ == "__main__":
