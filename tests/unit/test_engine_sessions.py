@@ -107,11 +107,10 @@ def test_requests_to_many_urls_reuse_one_session(host_engine) -> None:
 def test_a_refused_session_is_asked_for_again(host_engine) -> None:
     client, transport = host_engine(max_sessions=1)
     client.api.inspect_container("warm")  # one session, idle in the pool
-    held = transport.open_session  # a second caller takes the one session the host allows
     client.api.close()  # the pool's idle session ends
     while transport.open:
         time.sleep(0.01)
-    other = held()
+    other = transport.open_session()  # another caller holds the one session the host allows
     threading.Timer(0.3, other.close).start()
     started = time.monotonic()
     assert client.api.inspect_container("c1")["Path"].endswith("/c1/json")
