@@ -3,6 +3,7 @@ container on it, and a JSON result file per benchmark."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(os.environ.get("UMPROV_BENCH_OUT", Path(__file__).parent / "results"))
@@ -63,17 +65,23 @@ def on_host(lab: str, command: str) -> str:
     return done.stdout
 
 
+def lab_options(parser: argparse.ArgumentParser, lab: str) -> None:
+    parser.add_argument("--lab", default=lab, help="name of the benchmark's own lab")
+    parser.add_argument("--keep", action="store_true", help="leave the lab up at the end")
+
+
 @contextmanager
-def tiny_container_lab(lab: str, container: str, *, keep: bool = False) -> Iterator[dict]:
+def tiny_container_lab(lab: str, container: str, *, keep: bool = False) -> Iterator[Any]:
     """A one-host lab (`lab up`, `provision --only docker`) running CONTAINER, of an image made
-    on the host from its own binaries; `umprov lab up --json`'s document. `lab down` after,
-    unless ``keep``."""
+    on the host from its own binaries; its inventory host. `lab down` after, unless ``keep``."""
+    from umprov.inventory import load_inventory
+
     _, up = umprov_json("lab", "up", "--name", lab, "--hosts", "1")
     try:
         umprov_json("provision", up["inventory"], "--only", "docker")
         on_host(lab, f"docker rm -f {container} >/dev/null 2>&1; {TINY}; docker run -d "
                      f"--name {container} umprov-bench/tiny:1 sleep infinity >/dev/null")
-        yield up
+        yield load_inventory(up["inventory"]).hosts[0]
     finally:
         if not keep:
             subprocess.run([sys.executable, "-m", "umprov", "lab", "down", "--name", lab],

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import on_host, save, tiny_container_lab  # noqa: E402
+from _common import lab_options, on_host, save, tiny_container_lab  # noqa: E402
 
 CONTAINER = "umprov-bench-sessions"
 
@@ -104,15 +104,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--execs", type=int, default=100)
     parser.add_argument("--host-load", default="0,2", help="shell loops on the host, per round")
-    parser.add_argument("--lab", default="bench-sessions")
-    parser.add_argument("--keep", action="store_true")
+    lab_options(parser, "bench-sessions")
     args = parser.parse_args()
 
     from umprov.hosts.engine import docker_client
-    from umprov.inventory import load_inventory
 
-    with tiny_container_lab(args.lab, CONTAINER, keep=args.keep) as up:
-        host = load_inventory(up["inventory"]).hosts[0]
+    with tiny_container_lab(args.lab, CONTAINER, keep=args.keep) as host:
         rounds = []
         for load in (int(n) for n in args.host_load.split(",")):
             on_host(args.lab, "pkill -f '^sh -c while :' || true")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, tiny_container_lab  # noqa: E402
+from _common import lab_options, save, tiny_container_lab  # noqa: E402
 
 CONTAINER = "umprov-bench-exec"
 
@@ -76,15 +76,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--execs", type=int, default=300)
     parser.add_argument("--load", default="0,2", help="busy threads beside, per round")
-    parser.add_argument("--lab", default="bench-exec")
-    parser.add_argument("--keep", action="store_true")
+    lab_options(parser, "bench-exec")
     args = parser.parse_args()
 
     from umprov.hosts.engine import docker_client
-    from umprov.inventory import load_inventory
 
-    with tiny_container_lab(args.lab, CONTAINER, keep=args.keep) as up:
-        client = docker_client(load_inventory(up["inventory"]).hosts[0])
+    with tiny_container_lab(args.lab, CONTAINER, keep=args.keep) as host:
+        client = docker_client(host)
         container = client.containers.get(CONTAINER)
         content = subprocess.run(["docker", "exec", f"umprov-lab-{args.lab}-1", "cat",
                                   "/usr/lib/os-release"], capture_output=True, check=True).stdout
