@@ -129,7 +129,8 @@ def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 3
     makes no connection at all, then mount our adapter, whose paramiko client was connected by
     ``connect`` (RejectPolicy semantics, umprov's known_hosts files). Returns a
     docker.DockerClient. Requests then run as the SDK
-    expects: each HTTP connection is an exec channel running ``docker system dial-stdio``.
+    expects: each HTTP connection is an exec channel running ``docker system dial-stdio``,
+    kept for reuse in one pool per engine (the adapter's ``get_connection``).
     """
     import docker
 
