@@ -50,7 +50,9 @@ def _ssh_adapter_class() -> type:
     class SessionConnection(sshconn.SSHConnection):
         """An HTTP connection to the engine: one SSH session running dial-stdio."""
 
-        host_name = ""
+        def __init__(self, host_name: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.host_name = host_name  # for the error when sshd refuses every session
 
         def connect(self) -> None:
             deadline = time.monotonic() + SESSION_WAIT_S
@@ -73,12 +75,13 @@ def _ssh_adapter_class() -> type:
             self.sock = channel
 
     class SessionPool(sshconn.SSHConnectionPool):
-        host_name = ""
+        def __init__(self, host_name: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.host_name = host_name
 
         def _new_conn(self) -> Any:
-            conn = SessionConnection(self.ssh_transport, self.timeout, self.ssh_host)
-            conn.host_name = self.host_name
-            return conn
+            return SessionConnection(self.host_name, ssh_transport=self.ssh_transport,
+                                     timeout=self.timeout, host=self.ssh_host)
 
     class VerifiedSSHAdapter(SSHHTTPAdapter):
         def __init__(self, host: HostLike, trust_new: bool, timeout: float) -> None:
@@ -112,9 +115,9 @@ def _ssh_adapter_class() -> type:
                     self._connect()
                 pool = self.pools.get("engine")
                 if pool is None:
-                    pool = SessionPool(ssh_client=self.ssh_client, timeout=self.timeout,
-                                       maxsize=self.max_pool_size, host=self.ssh_host)
-                    pool.host_name = self._umprov_host.name
+                    pool = SessionPool(self._umprov_host.name, ssh_client=self.ssh_client,
+                                       timeout=self.timeout, maxsize=self.max_pool_size,
+                                       host=self.ssh_host)
                     self.pools["engine"] = pool
             return pool
 
