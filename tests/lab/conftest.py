@@ -38,11 +38,21 @@ def cli(*args: str, input: str | None = None) -> Any:
                               catch_exceptions=False)
 
 
+def clear_lab(name: str) -> None:
+    """A module's lab starts fresh: one of that name left by a run that was killed (its hosts'
+    containers, their engines' storage as the kill found it) is taken down first, or `lab up`
+    would take it up as it is (seen in CI: a host with another run's container, another whose
+    engine had lost a layer mid-pull). UMPROV_KEEP_LAB=1 keeps it (a re-run completes it)."""
+    if not os.environ.get("UMPROV_KEEP_LAB"):
+        cli("lab", "down", "--name", name)
+
+
 @contextlib.contextmanager
 def docker_seed_host(name: str, *up_args: str) -> Iterator[dict[str, Any]]:
     """A one-host lab (`lab up ARGS`) with Docker provisioned (`provision --only docker`), its
     `lab up --json` document; taken down on leaving."""
     try:
+        clear_lab(name)
         up = cli("lab", "up", "--hosts", "1", "--name", name, "--json", *up_args)
         assert up.exit_code == 0, up.stderr
         data = json.loads(up.stdout)
@@ -132,6 +142,18 @@ def _engine_seed_name(lab_image_id: str) -> str:
     return f"umprov-test-engine-{hashlib.sha256(key).hexdigest()[:12]}"
 
 
+# Written into the seed volume once its copy is whole: a run killed while copying (no except
+# clause runs on SIGKILL) leaves a volume without it, which the next run makes again.
+SEED_DONE = "/v/.umprov-test-seed-done"
+
+
+def _in_volume(volume: str, image: str, *argv: str) -> bool:
+    """``argv`` in a container with ``volume`` at /v; whether it exited 0."""
+    return subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", argv[0],
+                           "-v", f"{volume}:/v", image, *argv[1:]],
+                          capture_output=True, timeout=120).returncode == 0
+
+
 def _copy_volume(source: str, dests: list[str], image: str) -> None:
     """``source``'s files into each volume of ``dests`` (made if missing), side by side, as they
     are: overlay2's whiteouts and trusted.* attributes need MKNOD and SYS_ADMIN to copy."""
@@ -155,8 +177,9 @@ def engine_seed(docker_host_image: str, lab_image: dict[str, Any]) -> str:
     volume = _engine_seed_name(lab_image["image_id"])
     with open(Path(tempfile.gettempdir()) / "umprov-test-engine-seed.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if subprocess.run(["docker", "volume", "inspect", volume],
-                          capture_output=True).returncode == 0:
+        if subprocess.run(["docker", "volume", "inspect", volume], capture_output=True
+                          ).returncode == 0 and _in_volume(volume, docker_host_image, "test",
+                                                           "-e", SEED_DONE):
             return volume
         seed = lab_name("pytest-engine")
         try:
@@ -177,9 +200,11 @@ def engine_seed(docker_host_image: str, lab_image: dict[str, Any]) -> str:
                         ["docker", "volume", "ls", "-q", "--filter", f"label={ENGINE_SEED_LABEL}"],
                         capture_output=True, text=True).stdout.split():
                     subprocess.run(["docker", "volume", "rm", old], capture_output=True)
+                subprocess.run(["docker", "volume", "rm", volume], capture_output=True)
                 subprocess.run(["docker", "volume", "create", "--label", ENGINE_SEED_LABEL,
                                 volume], check=True, capture_output=True)
                 _copy_volume(f"{host}-docker", [volume], docker_host_image)
+                assert _in_volume(volume, docker_host_image, "touch", SEED_DONE)
         except BaseException:
             subprocess.run(["docker", "volume", "rm", volume], capture_output=True)
             raise
@@ -271,6 +296,7 @@ def slurm_lab(request: pytest.FixtureRequest) -> Iterator[SlurmLab]:
 
     name = lab_name(getattr(request.module, "SLURM_LAB", "pytest-slurm"))
     hosts = getattr(request.module, "SLURM_HOSTS", 4)
+    clear_lab(name)
     if getattr(request.module, "SLURM_SEED_ENGINES", False):  # see engine_seed
         seed_engines(request.getfixturevalue("engine_seed"), name, range(1, hosts + 1),
                      request.getfixturevalue("docker_host_image"))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, clear_lab, cli, lab_name, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(680)]
 
@@ -46,6 +46,7 @@ def _ensure_docker(inventory: str) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    clear_lab(NAME)
     up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json",
               "--from-image", request.getfixturevalue("docker_host_image"))
     assert up.exit_code == 0, up.stderr

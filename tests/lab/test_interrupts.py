@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, umprov_argv
+from tests.lab.conftest import LAB_IMAGE_TAG, clear_lab, cli, lab_name, umprov_argv
 
 # serial: signal-to-exit bounds, measured; `make test` runs them alone, not beside other work.
 pytestmark = [pytest.mark.lab, pytest.mark.serial]
@@ -291,8 +291,7 @@ def bring_back() -> None:
 @pytest.fixture(scope="module", autouse=True)
 def lab() -> Iterator[dict[str, Any]]:
     keep = bool(os.environ.get("UMPROV_KEEP_LAB"))
-    if not keep:
-        cli("lab", "down", "--name", NAME)  # fresh hosts, even after an aborted run
+    clear_lab(NAME)
     up = cli("lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json")
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)

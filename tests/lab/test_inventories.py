@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, seed_engines
+from tests.lab.conftest import LAB_IMAGE_TAG, clear_lab, cli, lab_name, seed_engines
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(350)]
 
@@ -85,6 +85,7 @@ def team(request: pytest.FixtureRequest,
     snapshot = request.getfixturevalue("docker_host_image")
     # Built (or found) before HOME changes below; the hosts' engines start with the lab image
     # (what is proved here is how inventories are read, not the push).
+    clear_lab(NAME)
     seed_engines(request.getfixturevalue("engine_seed"), NAME, range(1, 3), snapshot)
     up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--json", "--from-image", snapshot)
     assert up.exit_code == 0, up.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import lab_name, ssh
+from tests.lab.conftest import clear_lab, lab_name, ssh
 
 pytestmark = pytest.mark.cost(80)
 
@@ -18,6 +18,7 @@ NAME = lab_name("pytest-lifecycle")
 
 @pytest.fixture(scope="module")
 def lab_up(umprov_module_cli):
+    clear_lab(NAME)
     result = umprov_module_cli("lab", "up", "--hosts", "2", "--name", NAME, "--json")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, seed_engines, sigint_when, umprov_argv
+from tests.lab.conftest import (
+    LAB_IMAGE_TAG,
+    clear_lab,
+    cli,
+    lab_name,
+    seed_engines,
+    sigint_when,
+    umprov_argv,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(380)]
 
@@ -29,6 +37,7 @@ LAB: dict[str, Any] = {}
 def lab(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     snapshot = request.getfixturevalue("docker_host_image")
     # The hosts' engines start with the lab image: the push is test_deploy's subject, not ours.
+    clear_lab(NAME)
     seed_engines(request.getfixturevalue("engine_seed"), NAME, range(1, 4), snapshot)
     up = cli("lab", "up", "--hosts", "3", "--name", NAME, "--json", "--from-image", snapshot)
     assert up.exit_code == 0, up.stderr

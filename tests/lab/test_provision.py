@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from tests.lab.conftest import cli, lab_name, ssh_command
+from tests.lab.conftest import clear_lab, cli, lab_name, ssh_command
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(1200)]
 
@@ -118,6 +118,7 @@ class Lab:
 
 
 def lab_up(name: str, count: int) -> Lab:
+    clear_lab(name)
     up = cli("lab", "up", "--hosts", str(count), "--name", name, "--json")
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.conftest import LAB_IMAGE_TAG, cli, lab_name, ssh
+from tests.lab.conftest import LAB_IMAGE_TAG, clear_lab, cli, lab_name, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(280)]
 
@@ -36,6 +36,7 @@ def host_ssh(index: int, command: str) -> Any:
 
 @pytest.fixture(scope="module", autouse=True)
 def lab(docker_client: Any, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    clear_lab(NAME)
     up = cli("lab", "up", "--hosts", "2", "--name", NAME, "--registry", "--json",
               "--from-image", request.getfixturevalue("docker_host_image"))
     assert up.exit_code == 0, up.stderr

@@ -53,7 +53,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.lab.conftest import LAB_IMAGE_TAG, image_build_lock, lab_name, seed_engines, ssh
+from tests.lab.conftest import (
+    LAB_IMAGE_TAG,
+    clear_lab,
+    image_build_lock,
+    lab_name,
+    seed_engines,
+    ssh,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.cost(550)]
 
@@ -234,6 +241,7 @@ def flow(tmp_path_factory: pytest.TempPathFactory, docker_host_image: str,
     timings: dict[str, float] = {}
     # Hosts 1-3 start with the lab image in their engines; the last one is pushed to, so the
     # push's output is swept too (pushing to all four was most of this set-up's time).
+    clear_lab(NAME)
     seed_engines(engine_seed, NAME, range(1, HOSTS), docker_host_image)
     try:
         up = f.umprov("lab-up", "lab", "up", "--hosts", str(HOSTS), "--name", NAME, "--json",

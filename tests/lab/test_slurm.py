@@ -156,6 +156,11 @@ def test_an_administrators_drain_outlasts_a_rollout_and_a_passing_health_check(
     assert slurm_lab.nodes_now()[node] == ("drained", "disk swap")
 
 
+def held(now: dict[str, tuple[str, str]], two: str, busy: str) -> bool:
+    """Batch 2 holds both its nodes: ``two`` drained, ``busy`` draining (its job runs)."""
+    return now[two][0] in ("drained", "draining") and now[busy][0] == "draining"
+
+
 # Not `serial`: the signal goes to a umprov process in a session of its own and nothing here is
 # bounded in time by seconds, so it shares the module's Slurm lab instead of bringing up its own.
 def test_sigint_while_a_batch_waits_for_a_job_leaves_every_node_with_a_reason_then_a_rerun_ends(
@@ -169,18 +174,22 @@ def test_sigint_while_a_batch_waits_for_a_job_leaves_every_node_with_a_reason_th
     proc = subprocess.Popen(umprov_argv(*args), stdin=subprocess.DEVNULL,  # noqa: S603
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    # batch 2 holds both its nodes, and waits for the job on one (Slurm: draining)
-    err = sigint_when(proc, lambda: slurm_lab.nodes_now()[busy][0] == "draining", within=300,
-                      exit_within=60, what=f"{busy} draining")
-    now = slurm_lab.nodes_now()
-    assert now[one] == ("idle", "")  # the canary: done before the signal
-    for node in (two, busy):
-        assert now[node][0] in ("drained", "draining"), now
-        assert now[node][1].startswith("umprov: rolling driver change "), now
-        assert f"{node} (batch 2)" in err, err[-3000:]
-    assert all(reason for state, reason in now.values() if state.startswith("drain")), now
-    # the job ends; a re-run takes every node back into service
-    slurm_lab.run("scancel", job)
+    try:
+        # batch 2 holds both its nodes, and waits for the job on one (Slurm: draining). Each
+        # node's hold is its own command over SSH: the busy node's can land first, so the signal
+        # waits for both (sent after the busy one alone, it found the other not yet held).
+        err = sigint_when(proc, lambda: held(slurm_lab.nodes_now(), two, busy), within=300,
+                          exit_within=60, what=f"{two} and {busy} held")
+        now = slurm_lab.nodes_now()
+        assert now[one] == ("idle", "")  # the canary: done before the signal
+        for node in (two, busy):
+            assert now[node][0] in ("drained", "draining"), now
+            assert now[node][1].startswith("umprov: rolling driver change "), now
+            assert f"{node} (batch 2)" in err, err[-3000:]
+        assert all(reason for state, reason in now.values() if state.startswith("drain")), now
+    finally:  # the job ends (a failure above must not leave the next test a busy node)
+        slurm_lab.run("scancel", job)
+    # a re-run takes every node back into service
     rc, doc = rolling(slurm_lab.inventory, "-e", "umprov_rolling_roles=[]", "--batch", "2")
     assert rc == 0, doc
     assert set(slurm_lab.nodes_responding().values()) == {("idle", "")}
