@@ -118,7 +118,6 @@ class Lab:
 
 
 def lab_up(name: str, count: int) -> Lab:
-    clear_lab(name)
     up = cli("lab", "up", "--hosts", str(count), "--name", name, "--json")
     assert up.exit_code == 0, up.stderr
     data = json.loads(up.stdout)
@@ -144,6 +143,7 @@ def wait_for_ssh(host: Host, timeout: float = 90) -> None:
 
 @pytest.fixture(scope="module")
 def prov_lab() -> Iterator[Lab]:
+    clear_lab(PROV)
     lab = lab_up(PROV, 3)
     yield lab
     cli("lab", "down", "--name", PROV)
@@ -151,6 +151,7 @@ def prov_lab() -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def faults_lab() -> Iterator[Lab]:
+    clear_lab(FAULTS)  # not in lab_up: a test calls that to start a stopped host again
     lab = lab_up(FAULTS, 4)
     yield lab
     cli("lab", "down", "--name", FAULTS)
