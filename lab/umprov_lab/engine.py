@@ -20,13 +20,10 @@ from umprov_lab.layout import Progress, quiet
 
 def docker_engine(progress: Progress = quiet, *, start: bool = True) -> Any:
     """A docker SDK client for the local engine, starting dockerd when root and none runs."""
-    import docker
     from docker.errors import DockerException
 
     try:
-        client = docker.from_env(timeout=300)
-        client.ping()
-        return client
+        return _client()
     except DockerException as exc:
         first_error = exc
     dockerd = shutil.which("dockerd")
@@ -48,12 +45,24 @@ def docker_engine(progress: Progress = quiet, *, start: bool = True) -> Any:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            client = docker.from_env(timeout=300)
-            client.ping()
-            return client
+            return _client()
         except DockerException:
             time.sleep(0.5)
     raise EnvironmentProblem(f"dockerd did not answer within 60 s; see {log}")
+
+
+def _client() -> Any:
+    """The local engine's client, answering, its ``exec_run`` output kept whole (umprov's
+    keep_exec_output: the SDK lost a short command's output here too, and `lab up --slurm`
+    read an empty `id -u munge`)."""
+    import docker
+
+    from umprov.hosts.engine import keep_exec_output
+
+    client = docker.from_env(timeout=300)
+    client.ping()
+    keep_exec_output(client.api)
+    return client
 
 
 def start_detached(argv: list[str], log: Path) -> None:

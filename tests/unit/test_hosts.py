@@ -222,6 +222,22 @@ def test_exec_output_that_came_with_the_headers_is_kept(demux: bool) -> None:
         assert result.output == b"ssh-ed25519 AAAAa warning\n key\n"  # as the frames came
 
 
+@pytest.mark.parametrize("make", ["product", "lab"])
+def test_local_engine_clients_keep_exec_output(make: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's engine loses short outputs too (`lab up --slurm` once read an empty
+    `id -u munge`): the product's client and the lab's both read exec output whole."""
+    import docker
+
+    from umprov.hosts import engine
+    from umprov_lab.engine import docker_engine
+
+    client = SimpleNamespace(api=SimpleNamespace(), ping=lambda: True)
+    monkeypatch.setattr(docker, "from_env", lambda **_: client)
+    made = engine.local_engine() if make == "product" else docker_engine(start=False)
+    assert made is client
+    assert client.api.exec_start.__func__ is engine._exec_start
+
+
 def test_tar_round_trip_and_modes():
     import io
     import tarfile

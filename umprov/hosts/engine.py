@@ -215,6 +215,7 @@ def local_engine() -> Any:
         client.ping()
     except DockerException as exc:
         raise EnvironmentProblem(f"no Docker engine answers: {engine_error(exc)}") from None
+    keep_exec_output(client.api)  # the local socket loses short outputs as SSH does
     return client
 
 
