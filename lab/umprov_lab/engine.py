@@ -14,21 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import EnvironmentProblem
+from umprov.hosts.engine import local_engine
 from umprov.paths import state_dir
 from umprov_lab.layout import Progress, quiet
 
 
 def docker_engine(progress: Progress = quiet, *, start: bool = True) -> Any:
-    """A docker SDK client for the local engine, starting dockerd when root and none runs."""
-    from docker.errors import DockerException
-
+    """A docker SDK client for the local engine (umprov's ``local_engine``), starting dockerd
+    when root and none runs."""
     try:
-        return _client()
-    except DockerException as exc:
+        return local_engine()
+    except EnvironmentProblem as exc:
         first_error = exc
     dockerd = shutil.which("dockerd")
     if not start:
-        raise EnvironmentProblem(f"no Docker engine answers: {first_error}")
+        raise first_error
     if os.geteuid() != 0:
         raise EnvironmentProblem(
             "no Docker engine answers; start one (e.g. `sudo systemctl start docker`) "
@@ -45,24 +45,10 @@ def docker_engine(progress: Progress = quiet, *, start: bool = True) -> Any:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            return _client()
-        except DockerException:
+            return local_engine()
+        except EnvironmentProblem:
             time.sleep(0.5)
     raise EnvironmentProblem(f"dockerd did not answer within 60 s; see {log}")
-
-
-def _client() -> Any:
-    """The local engine's client, answering, its ``exec_run`` output kept whole (umprov's
-    keep_exec_output: the SDK lost a short command's output here too, and `lab up --slurm`
-    read an empty `id -u munge`)."""
-    import docker
-
-    from umprov.hosts.engine import keep_exec_output
-
-    client = docker.from_env(timeout=300)
-    client.ping()
-    keep_exec_output(client.api)
-    return client
 
 
 def start_detached(argv: list[str], log: Path) -> None:

@@ -215,7 +215,9 @@ def local_engine() -> Any:
         client.ping()
     except DockerException as exc:
         raise EnvironmentProblem(f"no Docker engine answers: {engine_error(exc)}") from None
-    keep_exec_output(client.api)  # the local socket loses short outputs as SSH does
+    # The local socket loses short outputs as SSH does (`lab up --slurm`, whose client this
+    # is too, read an empty `id -u munge`).
+    keep_exec_output(client.api)
     return client
 
 
