@@ -142,6 +142,13 @@ def provision(
             on_event=progress.update,
             strategy=strategy,
         )
+    summarize(result, check=check, as_json=as_json)
+    return int(result.exit_code)
+
+
+def summarize(result: Any, *, check: bool, as_json: bool) -> None:
+    """A run's JSON on stdout (asked for), its table and the failures the table had no room
+    for on stderr."""
     if as_json:
         emit_json(result.to_dict())
     mode = " (check mode)" if check else ""
@@ -155,7 +162,6 @@ def provision(
         if h.detail and h.data["notes"]:  # the notes took the failure's cell
             say(f"{h.host}: {h.detail}")
     say_untrusted(result.hosts)
-    return int(result.exit_code)
 
 
 def rolling_options(rolling: bool, *, check: bool, playbook: str, only: tuple[str, ...],

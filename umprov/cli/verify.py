@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from umprov.cli.options import inventory_options, json_option
+from umprov.errors import ConfigError
 from umprov.output import emit_json, say, say_untrusted
 
 if TYPE_CHECKING:
@@ -121,53 +122,16 @@ def verify(
     umprov verify --multi-node --events umprov-mn-4242  judge a job run with sbatch
     umprov verify --local --duration 10m        a ten-minute burn-in after the checks
     """
-    from umprov.errors import ConfigError
-    from umprov.verify import report
     from umprov.verify.agent.burnin import parse_duration
-    from umprov.verify.profiles import load_overrides, resolve
 
     try:
         seconds = parse_duration(duration)
     except ValueError as exc:
         raise ConfigError(f"--duration: {exc}") from None
-
-    if local and inventory.sources:
-        raise ConfigError("give an INVENTORY or --local, not both")
-    if local and image:
-        raise ConfigError("--image runs the agent in containers on inventory hosts, not --local")
-    if image is not None:
-        from umprov.deploy.options import check_image
-
-        check_image(image)
-    if passive and (quick or seconds or exclusive or multi_node):
-        raise ConfigError("--passive reads only: --quick, --duration, --exclusive and "
-                          "--multi-node do not apply")
-    if python and not local:
-        raise ConfigError("--python applies to --local only")
-    if not multi_node and (rendezvous or nproc_per_node or backend != "nccl"
-                           or launcher != "ssh"):
-        raise ConfigError("--backend, --rendezvous, --nproc-per-node and --launcher apply to "
-                          "--multi-node")
-    if events and (not multi_node or inventory.sources or launcher != "ssh" or rendezvous):
-        raise ConfigError("--events judges a finished job: with --multi-node, without an "
-                          "INVENTORY, --launcher or --rendezvous")
+    check_combinations(inventory, click.get_current_context().params, seconds)
     slurm = {"submit_host": slurm_submit_host, "partition": slurm_partition,
              "account": slurm_account}
-    if launcher != "slurm" and any(slurm.values()):
-        raise ConfigError("--slurm-submit-host, --slurm-partition and --slurm-account apply to "
-                          "--launcher slurm")
-    if multi_node and (local or image or quick or profile_file or profile_name
-                       or expected_gpus is not None or seconds or exclusive):
-        raise ConfigError("--multi-node runs in the deployed containers' image; --local, "
-                          "--image, --quick, --profile*, --expected-gpus, --duration and "
-                          "--exclusive do not apply")
-    overrides = load_overrides(profile_file) if profile_file else {}
-    if profile_name:
-        known = resolve(overrides)
-        if profile_name not in known:
-            raise ConfigError(f"profile {profile_name!r} does not exist "
-                              f"(known: {', '.join(sorted(known))})")
-        overrides = {**overrides, "profile": profile_name}
+    overrides = profile_overrides(profile_file, profile_name)
     started = time.monotonic()
     if events:
         from umprov.verify.multinode_files import judge_job_dir
@@ -189,7 +153,67 @@ def verify(
                              expected_gpus=expected_gpus, overrides=overrides, image=image,
                              trust_new=trust_new_hosts, duration=seconds, exclusive=exclusive,
                              passive=passive)
-    elapsed = time.monotonic() - started
+    return write_reports(docs, time.monotonic() - started, junit=junit, prometheus=prometheus,
+                         html_path=html_path, as_json=as_json, all_rows=all_rows)
+
+
+def check_combinations(inventory: InventoryRequest, p: dict[str, Any], seconds: float) -> None:
+    """Options that do not go together stop here, before any host is touched; ``p``: the
+    command's parameters by name (Click's), ``seconds``: --duration read."""
+    if p["local"] and inventory.sources:
+        raise ConfigError("give an INVENTORY or --local, not both")
+    if p["local"] and p["image"]:
+        raise ConfigError("--image runs the agent in containers on inventory hosts, not --local")
+    if p["image"] is not None:
+        from umprov.deploy.options import check_image
+
+        check_image(p["image"])
+    if p["passive"] and (p["quick"] or seconds or p["exclusive"] or p["multi_node"]):
+        raise ConfigError("--passive reads only: --quick, --duration, --exclusive and "
+                          "--multi-node do not apply")
+    if p["python"] and not p["local"]:
+        raise ConfigError("--python applies to --local only")
+    if not p["multi_node"] and (p["rendezvous"] or p["nproc_per_node"] or p["backend"] != "nccl"
+                                or p["launcher"] != "ssh"):
+        raise ConfigError("--backend, --rendezvous, --nproc-per-node and --launcher apply to "
+                          "--multi-node")
+    if p["events"] and (not p["multi_node"] or inventory.sources or p["launcher"] != "ssh"
+                        or p["rendezvous"]):
+        raise ConfigError("--events judges a finished job: with --multi-node, without an "
+                          "INVENTORY, --launcher or --rendezvous")
+    if p["launcher"] != "slurm" and any(p[f"slurm_{k}"] for k in
+                                        ("submit_host", "partition", "account")):
+        raise ConfigError("--slurm-submit-host, --slurm-partition and --slurm-account apply to "
+                          "--launcher slurm")
+    if p["multi_node"] and (p["local"] or p["image"] or p["quick"] or p["profile_file"]
+                            or p["profile_name"] or p["expected_gpus"] is not None or seconds
+                            or p["exclusive"]):
+        raise ConfigError("--multi-node runs in the deployed containers' image; --local, "
+                          "--image, --quick, --profile*, --expected-gpus, --duration and "
+                          "--exclusive do not apply")
+
+
+def profile_overrides(profile_file: Path | None, profile_name: str | None) -> dict[str, Any]:
+    """The --profile-file overrides, with --profile's name checked against the known ones."""
+    from umprov.verify.profiles import load_overrides, resolve
+
+    overrides = load_overrides(profile_file) if profile_file else {}
+    if profile_name:
+        known = resolve(overrides)
+        if profile_name not in known:
+            raise ConfigError(f"profile {profile_name!r} does not exist "
+                              f"(known: {', '.join(sorted(known))})")
+        overrides = {**overrides, "profile": profile_name}
+    return overrides
+
+
+def write_reports(docs: list[dict], elapsed: float, *, junit: Path | None,
+                  prometheus: Path | None, html_path: Path | None, as_json: bool,
+                  all_rows: bool) -> int:
+    """The history, the files asked for, the JSON on stdout and the table on stderr; the
+    run's exit code."""
+    from umprov.verify import report
+
     keep_history(docs)
     if html_path:
         from umprov.verify import html
