@@ -110,11 +110,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.by_command and not (shutil.which("accton") and shutil.which("dump-acct")):
         raise SystemExit("--by-command needs Debian's acct package (accton, dump-acct)")
-    acct_dir = Path(tempfile.mkdtemp(prefix="umprov-acct-"))
-    pacct = acct_dir / "pacct"
-    if args.by_command:
-        pacct.touch()
-        subprocess.run(["accton", str(pacct)], check=True, capture_output=True)
+    acct_dir = Path(tempfile.mkdtemp(prefix="umprov-acct-")) if args.by_command else None
+    if acct_dir:
+        (acct_dir / "pacct").touch()
+        subprocess.run(["accton", str(acct_dir / "pacct")], check=True, capture_output=True)
     sampler = Sampler(args.interval)
     busy0, start = machine_busy_s(), time.monotonic()
     sampler.start()
@@ -122,7 +121,7 @@ def main() -> int:
         rc = subprocess.run(args.command, check=False).returncode
     finally:
         sampler.stop.set()
-        if args.by_command:
+        if acct_dir:
             subprocess.run(["accton", "off"], check=False, capture_output=True)
     wall, busy = time.monotonic() - start, machine_busy_s() - busy0
     labs = sampler.by_lab()
@@ -133,9 +132,10 @@ def main() -> int:
         "lab_hosts_cpu_s": round(sum(labs.values()), 1),
         "by_lab_cpu_s": {k: round(v, 1) for k, v in labs.most_common()},
     }
-    if args.by_command:
-        result["by_command_cpu_s"] = {k: round(v, 1) for k, v in by_command(pacct).most_common(25)}
-    shutil.rmtree(acct_dir, ignore_errors=True)
+    if acct_dir:
+        by_name = by_command(acct_dir / "pacct")
+        result["by_command_cpu_s"] = {k: round(v, 1) for k, v in by_name.most_common(25)}
+        shutil.rmtree(acct_dir, ignore_errors=True)
     path = save("suite_profile", result)
     print(f"\n{' '.join(args.command)}: exit {rc}, {wall:.0f} s, {busy:.0f} CPU-s on {cores} "
           f"cores ({result['cores_busy']:.0%} busy); in lab hosts {result['lab_hosts_cpu_s']:.0f} "

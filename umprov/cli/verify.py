@@ -181,8 +181,8 @@ def check_combinations(inventory: InventoryRequest, p: dict[str, Any], seconds: 
                         or p["rendezvous"]):
         raise ConfigError("--events judges a finished job: with --multi-node, without an "
                           "INVENTORY, --launcher or --rendezvous")
-    if p["launcher"] != "slurm" and any(p[f"slurm_{k}"] for k in
-                                        ("submit_host", "partition", "account")):
+    if p["launcher"] != "slurm" and any(p[k] for k in ("slurm_submit_host", "slurm_partition",
+                                                      "slurm_account")):
         raise ConfigError("--slurm-submit-host, --slurm-partition and --slurm-account apply to "
                           "--launcher slurm")
     if p["multi_node"] and (p["local"] or p["image"] or p["quick"] or p["profile_file"]
