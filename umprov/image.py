@@ -1,8 +1,9 @@
 """Building the PyTorch-CUDA image (docker/pytorch-cuda) with no index or registry inside.
 
-The build context is assembled on the control machine in docker/pytorch-cuda/context/: the
-Dockerfile and its scripts, plus a wheels/ folder filled here with ``pip download`` for the
-base image's Python and glibc, and a requirements.txt naming what to install. Inside the build
+The build context is assembled on the control machine in umprov's state folder (image-context/,
+kept so that its wheels are downloaded once): the Dockerfile and its scripts, plus a wheels/
+folder filled here with ``pip download`` for the base image's Python and glibc, and a
+requirements.txt naming what to install. Inside the build
 ``pip install --no-index --find-links`` installs from those wheels only.
 
 Two flavours of the one Dockerfile:
@@ -30,7 +31,7 @@ from typing import Any
 from umprov import __version__
 from umprov.errors import ConfigError, EnvironmentProblem, UmprovError
 from umprov.hosts.progress import quiet
-from umprov.paths import project_dir
+from umprov.paths import content_file, state_dir
 
 Progress = Callable[[str], None]  # one line about the build
 
@@ -55,7 +56,7 @@ CONTEXT_FILES = (
 
 
 def source_dir() -> Path:
-    return project_dir() / "docker" / "pytorch-cuda"
+    return content_file("docker", "pytorch-cuda")
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def prepare_context(
 ) -> tuple[Path, int]:
     """Assemble the build context; return (path, number of wheels)."""
     src = source_dir()
-    context = context or src / "context"
+    context = context or state_dir() / "image-context"
     context.mkdir(parents=True, exist_ok=True)
     for name in CONTEXT_FILES:
         shutil.copy2(src / name, context / name)

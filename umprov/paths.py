@@ -10,7 +10,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from umprov.errors import EnvironmentProblem
+
 PACKAGE_DIR = Path(__file__).resolve().parent
+# Where a wheel carries the repository's ansible.cfg, playbooks/, roles/ and docker/ (setup.py).
+CONTENT = "_content"
 
 # A name umprov files something under (a host's token, ssh_config, connection record) and writes
 # into ssh_config and known_hosts as part of an alias: a letter or digit, then letters, digits,
@@ -20,10 +24,12 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", re.ASCII)
 
 
 def project_dir() -> Path:
-    """The directory holding ansible.cfg, playbooks/, roles/ and inventory/.
+    """The folder whose inventory/ holds the inventories named by name (``hosts``,
+    ``lab/demo``) and whose .lab/ keeps the lab's files.
 
     UMPROV_PROJECT_DIR wins; then the nearest directory from the working directory up that
-    holds both ansible.cfg and playbooks/; then the checkout umprov was installed from.
+    holds both ansible.cfg and playbooks/; then the checkout umprov was installed from (an
+    editable install); else umprov's state folder, never the installed package's own.
     """
     env = os.environ.get("UMPROV_PROJECT_DIR")
     if env:
@@ -32,7 +38,39 @@ def project_dir() -> Path:
     for candidate in (here, *here.parents):
         if (candidate / "ansible.cfg").is_file() and (candidate / "playbooks").is_dir():
             return candidate
-    return PACKAGE_DIR.parent
+    if _holds_content(PACKAGE_DIR.parent):
+        return PACKAGE_DIR.parent
+    return state_dir()
+
+
+def content_dir() -> Path:
+    """The folder holding ansible.cfg, playbooks/, roles/ and docker/pytorch-cuda/: the
+    project's own when it has them, else those installed with umprov (a wheel's
+    umprov/_content/, or the checkout of an editable install).
+
+    EnvironmentProblem, naming where it looked, when none has them.
+    """
+    candidates = (project_dir(), PACKAGE_DIR / CONTENT, PACKAGE_DIR.parent)
+    for candidate in candidates:
+        if _holds_content(candidate):
+            return candidate
+    raise EnvironmentProblem(
+        f"umprov's playbooks and roles are missing (looked in {PACKAGE_DIR / CONTENT} and "
+        f"{PACKAGE_DIR.parent}): reinstall umprov from its wheel or sdist, or run it in a clone"
+    )
+
+
+def content_file(*parts: str) -> Path:
+    """A file umprov reads at run time (content_dir()/PARTS); EnvironmentProblem naming it
+    when the installation lacks it, so that nothing is skipped in silence."""
+    path = content_dir().joinpath(*parts)
+    if not path.exists():
+        raise EnvironmentProblem(f"{path}: missing from umprov's installation; reinstall umprov")
+    return path
+
+
+def _holds_content(folder: Path) -> bool:
+    return (folder / "playbooks" / "site.yml").is_file() and (folder / "roles").is_dir()
 
 
 def state_dir() -> Path:

@@ -5,7 +5,6 @@ the slurm.conf block and the check for settings made outside it."""
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,25 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.unit import templating
+from tests.unit.templating import render
+
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "slurm_gpu_health"
 
 
-def render(text: str, variables: dict[str, Any]) -> Any:
-    from ansible.template import Templar, trust_as_template
-
-    return Templar(loader=None, variables=variables).template(trust_as_template(text))
-
-
 def role_vars(**overrides: Any) -> dict[str, Any]:
-    """defaults/main.yml, vars/main.yml and the overrides, as the role sees them."""
-    from ansible.template import trust_as_template
-
-    found: dict[str, Any] = {}
-    for part in ("defaults", "vars"):
-        for key, value in yaml.safe_load((ROLE / part / "main.yml").read_text()).items():
-            found[key] = trust_as_template(value) if isinstance(value, str) else value
-    return {**found, "ansible_managed": "Ansible managed", "inventory_hostname": "gpu07",
-            **overrides}
+    return templating.role_vars("slurm_gpu_health", **overrides)
 
 
 @pytest.fixture
@@ -128,25 +116,10 @@ def test_the_block_names_the_program_and_the_epilog_link():
     assert "Epilog" not in idle and "Prolog" not in idle
 
 
-def test_the_agent_comes_from_the_given_path_or_the_build():
+def test_the_agent_is_the_one_gpu_agent_found():
     assert render("{{ __slurm_gpu_health_agent_path }}",
-                  role_vars(slurm_gpu_health_agent_src="/tmp/a.pyz")) == "/tmp/a.pyz"
-    built = {"stdout_lines": ["/root/.local/state/umprov/agent/agent-0123.pyz"]}
-    assert render("{{ __slurm_gpu_health_agent_path }}",
-                  role_vars(__slurm_gpu_health_built=built)).endswith("agent-0123.pyz")
-
-
-def test_the_build_command_gives_the_zipapp_path(tmp_path):
-    """The controller-side build the role runs when given no agent: its own command line."""
-    import sys
-
+                  role_vars(gpu_agent_path="/tmp/a.pyz")) == "/tmp/a.pyz"
     tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
-    (build,) = [t for t in tasks if t["name"].startswith("Build the verifier agent")]
-    argv = build["ansible.builtin.command"]["argv"]
-    proc = subprocess.run([sys.executable, *argv[1:3], str(ROLE.parents[1])], capture_output=True,
-                          text=True, timeout=60,
-                          env={"UMPROV_STATE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    path = Path(proc.stdout.strip().splitlines()[-1])
-    assert proc.returncode == 0 and path.suffix == ".pyz" and path.is_file()
-    assert json.loads(subprocess.run([sys.executable, str(path), "--list-profiles"],
-                                     capture_output=True, text=True, timeout=60).stdout)
+    (find,) = [t for t in tasks if "ansible.builtin.include_role" in t]
+    assert find["ansible.builtin.include_role"]["name"] == "gpu_agent"
+    assert find["vars"]["gpu_agent_src"] == "{{ slurm_gpu_health_agent_src }}"

@@ -118,10 +118,21 @@ def _stack_versions() -> list[tuple[str, str]]:
     return rows
 
 
+def _content_row() -> tuple[str, str]:
+    """Where the playbooks and roles come from: a project, a clone, or the installed wheel."""
+    from umprov.errors import UmprovError
+    from umprov.paths import content_dir
+
+    try:
+        return ("playbooks and roles", str(content_dir()))
+    except UmprovError as exc:
+        return ("playbooks and roles", f"missing: {exc}")
+
+
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    for name, version in _stack_versions():
+    for name, version in [*_stack_versions(), _content_row()]:
         click.echo(f"{name} {version}")
     ctx.exit(ExitCode.OK)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError, InventoryError
-from umprov.paths import project_dir
+from umprov.paths import content_file
 
 RULES_FILE = Path("gpu_preflight") / "files" / "value_rules.yml"
 
@@ -58,12 +58,16 @@ class ValueRules:
 
 @cache
 def value_rules(roles_dir: Path | None = None) -> ValueRules:
-    """The rules file of ``roles_dir`` (default: the project's roles); none when it is absent."""
+    """The rules file of ``roles_dir`` (none when a given folder lacks it); by default umprov's
+    own, which an installation must carry (EnvironmentProblem otherwise, never no rules)."""
     import yaml
 
-    path = (roles_dir or project_dir() / "roles") / RULES_FILE
-    if not path.is_file():
-        return ValueRules({}, {})
+    if roles_dir is None:
+        path = content_file("roles", str(RULES_FILE))
+    else:
+        path = roles_dir / RULES_FILE
+        if not path.is_file():
+            return ValueRules({}, {})
     try:
         data = yaml.safe_load(path.read_text()) or {}
         formats = {name: Format(**spec) for name, spec in (data.get("formats") or {}).items()}

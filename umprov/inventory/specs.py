@@ -11,8 +11,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from umprov.errors import InventoryError
-from umprov.paths import project_dir
+from umprov.errors import EnvironmentProblem, InventoryError
+from umprov.paths import content_file
 
 # umprov's own inventory variables (the roles' variables come from their argument_specs).
 # name -> (argument_specs type, description)
@@ -68,8 +68,11 @@ def variable_specs(roles_dir: Path | None = None) -> dict[str, VarSpec]:
     import yaml
 
     specs = {name: VarSpec(name, typ, "umprov") for name, (typ, _desc) in UMPROV_VARIABLES.items()}
-    roles_dir = roles_dir or project_dir() / "roles"
-    for spec_file in sorted(roles_dir.glob("*/meta/argument_specs.yml")):
+    folder = roles_dir or content_file("roles")
+    spec_files = sorted(folder.glob("*/meta/argument_specs.yml"))
+    if roles_dir is None and not spec_files:
+        raise EnvironmentProblem(f"{folder}: no role argument specs; reinstall umprov")
+    for spec_file in spec_files:
         role = spec_file.parent.parent.name
         try:
             data = yaml.safe_load(spec_file.read_text()) or {}

@@ -15,7 +15,7 @@ from typing import Any
 
 from umprov.errors import ConfigError, Interrupted, UmprovError
 from umprov.inventory import Inventory
-from umprov.paths import Secret, project_dir, secret_files
+from umprov.paths import Secret, content_dir, secret_files
 from umprov.procs import wait_thread
 from umprov.provision.args import ExtraVars, child_settings, playbook_args
 from umprov.provision.environment import (
@@ -64,7 +64,7 @@ def run_playbook(
     refused are "untrusted", with the message every umprov command gives for that key.
     ``on_raw`` sees every ansible-runner event as it arrives (umprov.rolling reads them).
     """
-    root = project_dir()
+    root = content_dir()
     play_path = root / "playbooks" / playbook
     if not play_path.is_file():
         raise ConfigError(f"playbook not found: {play_path}")

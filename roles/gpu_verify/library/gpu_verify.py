@@ -1,0 +1,230 @@
+#!/usr/bin/python
+# Copyright: umprov contributors
+# Apache License 2.0 (see pyproject.toml)
+"""Run umprov's verifier agent on a GPU host, in a container or with the host's Python."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_verify
+short_description: Run umprov's GPU verifier agent and return its report
+description:
+  - Runs the verifier agent (the zipapp C(umprov verify) runs) on the target, inside a running
+    container through the docker CLI (the container C(umprov deploy) made, by default), or with
+    a Python of the host's own when I(container) is empty.
+  - Returns the agent's host report (schema C(umprov.verify.host)), its verdict, and the checks
+    that failed or warned. It never fails for a verdict; the calling role decides (the
+    C(gpu_verify) role fails the host on a failing check).
+  - Changes nothing on the host but a temporary folder that it removes; every process of the
+    run is ended on the way out, also after a timeout. Not run in check mode.
+version_added: "0.1.0"
+author: umprov contributors
+options:
+  agent:
+    description: Path on the target of the agent zipapp (C(agent.pyz)).
+    type: path
+    required: true
+  container:
+    description:
+      - Name or ID of a running container to run the agent in; its image needs Python and
+        torch. Empty runs the agent on the host with I(python).
+    type: str
+    default: umprov
+  python:
+    description: The host's Python that runs the agent when I(container) is empty.
+    type: path
+    default: /usr/bin/python3
+  args:
+    description:
+      - Options for the agent, as C(umprov verify) passes them, for example C(--quick),
+        C(--expected-gpus 8), C(--profile h200), C(--exclusive).
+    type: list
+    elements: str
+    default: []
+  timeout:
+    description: Seconds the whole run may take before it is ended and reported as a failure.
+    type: int
+    default: 900
+  docker:
+    description: The docker command on the target.
+    type: path
+    default: docker
+  host:
+    description:
+      - The name the report gives the host (the inventory's, as C(umprov verify) does); the
+        name the agent saw (the container's hostname) is kept in its facts. Empty keeps it.
+    type: str
+    default: ""
+notes:
+  - The verdicts, checks and hints are those of C(umprov verify); see docs/verify-checks.md.
+"""
+
+EXAMPLES = r"""
+- name: Verify the GPUs in the deployed container
+  umprov.gpu.gpu_verify:
+    agent: /var/tmp/umprov/agent.pyz
+    args: [--quick, --expected-gpus, "8"]
+  register: verify
+
+- name: Verify with the host's own Python and torch
+  umprov.gpu.gpu_verify:
+    agent: /var/tmp/umprov/agent.pyz
+    container: ""
+    python: /opt/torch/bin/python3
+"""
+
+RETURN = r"""
+report:
+  description: The agent's host report (schema umprov.verify.host), as umprov verify keeps it.
+  returned: always
+  type: dict
+verdict:
+  description: The host's verdict, C(pass), C(warn) or C(fail).
+  returned: always
+  type: str
+  sample: fail
+failed_checks:
+  description: The failing checks, each as "check on target: detail (hint)".
+  returned: always
+  type: list
+  elements: str
+  sample: ["gpu.count on host: no NVIDIA GPU visible (hint: driver)"]
+warned_checks:
+  description: The checks that warned, in the same form.
+  returned: always
+  type: list
+  elements: str
+rc:
+  description: The agent's exit code (0 pass, 12 warn, 13 fail); null when it was ended.
+  returned: always
+  type: int
+"""
+
+import json
+import secrets
+import shlex
+
+from ansible.module_utils.basic import AnsibleModule
+
+RUN_MARK = "UMPROV_VERIFY_RUN"
+AGENT_NAME = "agent.pyz"
+
+
+def run_script(run_id, workdir, python, args, timeout):
+    """Shell that runs the agent in ``workdir`` under ``timeout`` with every process marked."""
+    interpreter = (
+        'PY=$(command -v python3 || command -v python) || { echo "no python"; exit 98; }; '
+        if python is None else "PY=%s; " % shlex.quote(python)
+    )
+    return (
+        "export %s=%s TMPDIR=%s; cd %s || exit 97; %s"
+        "T=''; command -v timeout >/dev/null 2>&1 && T='timeout -k 10 %d'; "
+        '$T "$PY" %s --quiet --json report.json %s'
+        % (RUN_MARK, run_id, workdir, workdir, interpreter, timeout, AGENT_NAME,
+           " ".join(shlex.quote(a) for a in args))
+    )
+
+
+def end_script(run_id, workdir):
+    """Shell that kills every process of the run (they carry its mark) and removes its folder."""
+    return (
+        "pids=$(grep -lsz -e '^%s=%s$' /proc/[0-9]*/environ | cut -d/ -f3); "
+        '[ -n "$pids" ] && kill -9 $pids 2>/dev/null; rm -rf %s; true'
+        % (RUN_MARK, run_id, workdir)
+    )
+
+
+def summarize(report):
+    """(verdict, failed checks, warned checks) of a host report."""
+    lines = {"fail": [], "warn": []}
+    for rec in report.get("records") or []:
+        verdict = rec.get("verdict")
+        if verdict in lines:
+            hint = " (hint: %s)" % rec["hint"] if rec.get("hint") else ""
+            lines[verdict].append("%s on %s: %s%s" % (rec.get("check"), rec.get("target"),
+                                                       rec.get("detail") or verdict, hint))
+    return report.get("verdict", "fail"), lines["fail"], lines["warn"]
+
+
+class Runner:
+    """Where the agent runs: a container (docker exec) or the host (a shell)."""
+
+    def __init__(self, module):
+        self.module = module
+        self.container = module.params["container"]
+        self.docker = module.params["docker"]
+
+    def sh(self, script, timeout=None):
+        argv = ([self.docker, "exec", self.container, "sh", "-c", script] if self.container
+                else ["sh", "-c", script])
+        if timeout:
+            argv = ["timeout", "-k", "10", str(timeout)] + argv
+        return self.module.run_command(argv)
+
+    def put(self, source, workdir):
+        if self.container:
+            return self.module.run_command(
+                [self.docker, "cp", source, "%s:%s/%s" % (self.container, workdir, AGENT_NAME)])
+        return self.module.run_command(["cp", source, "%s/%s" % (workdir, AGENT_NAME)])
+
+
+def verify(module):
+    params = module.params
+    runner = Runner(module)
+    run_id = secrets.token_hex(4)
+    workdir = "/tmp/umprov-verify-%s" % run_id  # noqa: S108 (the target's, removed after)
+    rc, _out, err = runner.sh("mkdir -p -m 0700 %s" % workdir)
+    if rc != 0:
+        module.fail_json(msg="cannot make %s%s: %s" % (
+            workdir, " in container " + runner.container if runner.container else "",
+            err.strip() or _out.strip()))
+    try:
+        rc, out, err = runner.put(params["agent"], workdir)
+        if rc != 0:
+            module.fail_json(msg="cannot copy the agent: %s" % (err.strip() or out.strip()))
+        python = None if runner.container else params["python"]
+        script = run_script(run_id, workdir, python, params["args"], params["timeout"])
+        rc, out, err = runner.sh(script, timeout=params["timeout"] + 30)
+        if rc == 98:
+            module.fail_json(msg="no python3 or python in container %s" % runner.container)
+        read_rc, text, _err = runner.sh("cat %s/report.json" % workdir)
+        if read_rc != 0:
+            tail = " | ".join((out + err).strip().splitlines()[-3:])
+            module.fail_json(msg="the agent exited with code %s and wrote no report: %s"
+                             % (rc, tail[:300]), rc=rc)
+    finally:
+        runner.sh(end_script(run_id, workdir))
+    try:
+        report = json.loads(text)
+    except ValueError as exc:
+        module.fail_json(msg="the agent's report is not JSON: %s" % exc, rc=rc)
+    if params["host"]:
+        report.setdefault("facts", {})["container_hostname"] = report.get("host")
+        report["host"] = params["host"]
+    verdict, failed, warned = summarize(report)
+    module.exit_json(changed=False, report=report, verdict=verdict, failed_checks=failed,
+                     warned_checks=warned, rc=rc if rc in (0, 12, 13) else None)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "agent": {"type": "path", "required": True},
+            "container": {"type": "str", "default": "umprov"},
+            "python": {"type": "path", "default": "/usr/bin/python3"},
+            "args": {"type": "list", "elements": "str", "default": []},
+            "timeout": {"type": "int", "default": 900},
+            "docker": {"type": "path", "default": "docker"},
+            "host": {"type": "str", "default": ""},
+        },
+        supports_check_mode=False,
+    )
+    if module.params["timeout"] <= 0:
+        module.fail_json(msg="timeout must be a positive number of seconds, not %s"
+                         % module.params["timeout"])
+    verify(module)
+
+
+if __name__ == "__main__":
+    main()
