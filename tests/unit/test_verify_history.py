@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import multiprocessing
+import os
 import stat
 import time
 
@@ -233,3 +234,27 @@ def test_load_skips_damaged_files_and_the_page_takes_the_latest_runs(root):
     latest = history.latest_docs(entries)
     assert [d["host"] for d in latest] == ["h200-a", "build-01"]
     assert latest[0] == fleet_docs.gpu_host("h200-a", gpus=2, seed=2)
+
+
+def test_reports_left_in_the_inbox_are_filed_at_their_time_then_removed(root, tmp_path):
+    """playbooks/verify.yml's gpu_verify role leaves one host report per file in the inbox."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    report = inbox / "gpu07-20261204T120000.json"
+    report.write_text(json.dumps(failed_host_report("gpu07", "gpu.count", "no NVIDIA GPU")))
+    os_time = time.time() - 3600
+    os.utime(report, (os_time, os_time))
+    assert history.file_inbox(inbox=inbox, root=root) == 1
+    assert not report.exists()
+    (entry,) = history.load(root=root)
+    assert entry.host == "gpu07" and abs(entry.saved - os_time) < 1
+
+
+def test_a_file_in_the_inbox_that_is_no_report_is_named_and_kept(root, tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    bad = inbox / "gpu07-x.json"
+    bad.write_text('{"not": "a report"}')
+    with pytest.raises(ConfigError, match="gpu07-x.json"):
+        history.file_inbox(inbox=inbox, root=root)
+    assert bad.exists() and history.load(root=root) == []

@@ -95,6 +95,9 @@ def show_history(inventory: InventoryRequest | None, since: float | None, html_p
         from umprov.inventory import load_inventory
 
         hosts = [h.name for h in load_inventory(inventory).select(None)]
+    filed = history.file_inbox()
+    if filed:
+        say(f"filed {filed} report(s) of playbooks/verify.yml from {history.inbox_dir()}")
     entries = history.load(since=since, hosts=hosts)
     trends = history.trends(entries)
     if as_json:

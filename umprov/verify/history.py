@@ -96,6 +96,26 @@ def root_dir() -> Path:
     return state_dir() / "verify-history"
 
 
+def inbox_dir() -> Path:
+    """Where reports made without umprov verify wait to be filed (playbooks/verify.yml's
+    gpu_verify role writes each host's here, HOST-TIMESTAMP.json)."""
+    return state_dir() / "verify-inbox"
+
+
+def file_inbox(*, inbox: Path | None = None, root: Path | None = None) -> int:
+    """File each report in the inbox into its host's history, saved at the file's time, then
+    remove it; the number filed. A file that is not a report stops it (ConfigError naming the
+    file), and neither it nor any later file is lost."""
+    from umprov.verify.report import read_run
+
+    inbox = inbox or inbox_dir()
+    files = sorted(inbox.glob("*.json")) if inbox.is_dir() else []
+    for path in files:
+        save(read_run(path), root=root, now=path.stat().st_mtime)
+        path.unlink()
+    return len(files)
+
+
 def gpu_uuids(doc: dict) -> list[str]:
     disc = (doc.get("facts") or {}).get("discover") or {}
     for source in (disc.get("devices"), disc.get("gpus_nvml")):
