@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 WORKERS ?= 2
 SIDE_BY_SIDE := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: help venv sysdeps demo demo-slurm test test-unit test-lab test-gpu lint lab-up lab-down bench clean
+.PHONY: help venv sysdeps demo demo-slurm test test-unit test-lab test-gpu lint lab-up lab-down bench clean dist collection
 
 help:
 	@echo "make demo       bring up the local lab and run umprov against it"
@@ -26,6 +26,8 @@ help:
 	@echo "make test-gpu   GPU tests (needs an NVIDIA GPU; skipped without one)"
 	@echo "make lint       ruff, yamllint, ansible-lint"
 	@echo "make bench      benchmarks (bench/README.md)"
+	@echo "make dist       umprov's and umprov-lab's wheels and sdists, and the umprov.gpu collection, in dist/"
+	@echo "make collection the umprov.gpu Ansible collection (dist/umprov-gpu-VERSION.tar.gz)"
 	@echo "make lab-up / lab-down"
 
 # umprov and its lab, a distribution of its own (lab/) that adds `umprov lab` as a plugin.
@@ -42,6 +44,15 @@ $(BIN)/umprov: pyproject.toml lab/pyproject.toml
 	@touch $@
 
 venv: $(BIN)/umprov
+
+# What users install (README, "Install"): wheels and sdists that carry the playbooks, roles and
+# image files (setup.py), and the collection built from the same roles and playbooks.
+dist: venv collection
+	$(BIN)/python -m build -q --outdir dist .
+	$(BIN)/python -m build -q --outdir dist lab
+
+collection: venv
+	$(BIN)/python collection/build.py --output-path dist
 
 sysdeps:
 	@./scripts/system-deps.sh

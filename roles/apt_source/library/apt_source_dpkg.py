@@ -27,6 +27,18 @@ options:
 author: umprov
 """
 
+EXAMPLES = r"""
+- name: Read what dpkg has of Docker's packages
+  umprov.gpu.apt_source_dpkg:
+    packages: [docker-ce, docker-ce-cli, containerd.io]
+    prerequisites: [ca-certificates, gnupg]
+  register: dpkg
+
+- name: Say which prerequisites are missing
+  ansible.builtin.debug:
+    msg: "{{ dpkg.missing }}"
+"""
+
 RETURN = r"""
 installed:
   description: Installed packages (selection install or hold) and their versions.

@@ -69,6 +69,15 @@ options:
 author: umprov
 """
 
+EXAMPLES = r"""
+- name: Gather GPU host facts (changes nothing)
+  umprov.gpu.gpu_preflight_facts:
+    gpu_models:
+      "2335": {model: H200 SXM 141GB, generation: hopper}
+    command_timeout: 30
+  register: gpu_facts
+"""
+
 RETURN = r"""
 gpus:
   description: NVIDIA display/3D controllers on the PCI bus.

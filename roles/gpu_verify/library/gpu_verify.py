@@ -85,7 +85,7 @@ verdict:
   type: str
   sample: fail
 failed_checks:
-  description: The failing checks, each as "check on target: detail (hint)".
+  description: The failing checks, one line each (the check, its target, the detail, the hint).
   returned: always
   type: list
   elements: str

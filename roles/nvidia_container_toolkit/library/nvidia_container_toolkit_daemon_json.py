@@ -49,6 +49,16 @@ options:
 author: umprov
 """
 
+EXAMPLES = r"""
+- name: Add the nvidia runtime to Docker's daemon.json, keeping its other keys
+  umprov.gpu.nvidia_container_toolkit_daemon_json:
+    path: /etc/docker/daemon.json
+    runtime_name: nvidia
+    runtime_path: nvidia-container-runtime
+    set_default: false
+  notify: Restart docker
+"""
+
 RETURN = r"""
 file_changed:
   description: Whether daemon.json was (or in check mode would be) rewritten.

@@ -1,0 +1,87 @@
+"""Build the umprov.gpu collection from the repository's roles and playbooks (one copy in git).
+
+    python collection/build.py [--output-path dist]
+
+Stages ansible_collections/umprov/gpu/ under build/: galaxy.yml with umprov's version, the
+roles (each role's library/ modules become the collection's plugins/modules/, since roles in a
+collection carry no plugins), the playbooks, and the verifier agent zipapp in the gpu_agent
+role's files/, so that the collection runs without umprov installed (AWX). Then
+`ansible-galaxy collection build`. Prints the tarball's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "collection"
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+
+
+def version() -> str:
+    text = (ROOT / "umprov" / "__init__.py").read_text()
+    found = re.search(r'^__version__ = "([^"]+)"', text, re.M)
+    if not found:
+        raise SystemExit("collection/build.py: umprov/__init__.py names no __version__")
+    return found.group(1)
+
+
+def stage(build_dir: Path) -> Path:
+    galaxy = yaml.safe_load((HERE / "galaxy.yml").read_text())
+    galaxy["version"] = version()
+    target = build_dir / "ansible_collections" / galaxy["namespace"] / galaxy["name"]
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    (target / "galaxy.yml").write_text(yaml.safe_dump(galaxy, sort_keys=False))
+    shutil.copy2(HERE / "README.md", target / "README.md")
+    shutil.copytree(HERE / "meta", target / "meta")
+    shutil.copytree(ROOT / "playbooks", target / "playbooks", ignore=IGNORED)
+    modules = target / "plugins" / "modules"
+    modules.mkdir(parents=True)
+    for role in sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir()):
+        shutil.copytree(role, target / "roles" / role.name,
+                        ignore=shutil.ignore_patterns("library", "__pycache__", "*.pyc", ".*"))
+        for module in sorted((role / "library").glob("*.py")):
+            shutil.copy2(module, modules / module.name)
+    ship_agent(target / "roles" / "gpu_agent" / "files")
+    return target
+
+
+def ship_agent(files: Path) -> None:
+    """The agent zipapp umprov verify runs, built from umprov/verify/agent/ of this checkout."""
+    sys.path.insert(0, str(ROOT))
+    from umprov.verify.bundle import agent_zipapp
+
+    files.mkdir(parents=True, exist_ok=True)
+    cache = files.parent / ".agent-cache"
+    shutil.copy2(agent_zipapp(cache=cache), files / "agent.pyz")
+    shutil.rmtree(cache)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-path", type=Path, default=ROOT / "dist")
+    parser.add_argument("--build-dir", type=Path, default=ROOT / "build" / "collection")
+    args = parser.parse_args()
+    target = stage(args.build_dir.resolve())
+    args.output_path.mkdir(parents=True, exist_ok=True)
+    galaxy = shutil.which("ansible-galaxy") or str(Path(sys.executable).with_name("ansible-galaxy"))
+    proc = subprocess.run([galaxy, "collection", "build", str(target), "--force",  # noqa: S603
+                           "--output-path", str(args.output_path.resolve())],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        return proc.returncode
+    print(proc.stdout.strip().rsplit(" ", 1)[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
