@@ -40,7 +40,8 @@ def stage(build_dir: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     (target / "galaxy.yml").write_text(yaml.safe_dump(galaxy, sort_keys=False))
-    shutil.copy2(HERE / "README.md", target / "README.md")
+    for doc in ("README.md", "CHANGELOG.md"):
+        shutil.copy2(HERE / doc, target / doc)
     shutil.copytree(HERE / "meta", target / "meta")
     shutil.copytree(ROOT / "playbooks", target / "playbooks", ignore=IGNORED)
     modules = target / "plugins" / "modules"
