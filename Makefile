@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 WORKERS ?= 2
 SIDE_BY_SIDE := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: help venv sysdeps demo demo-slurm test test-unit test-lab test-gpu lint lab-up lab-down bench clean dist collection
+.PHONY: help venv sysdeps demo demo-slurm test test-unit test-lab test-gpu lint lab-up lab-down bench clean dist collection collection-sanity
 
 help:
 	@echo "make demo       bring up the local lab and run umprov against it"
@@ -53,6 +53,10 @@ dist: venv collection
 
 collection: venv
 	$(BIN)/python collection/build.py --output-path dist
+
+# ansible-test sanity on the collection as built: every test, each in its own virtual environment.
+collection-sanity: venv
+	$(BIN)/python collection/sanity.py
 
 sysdeps:
 	@./scripts/system-deps.sh

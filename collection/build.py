@@ -43,6 +43,7 @@ def stage(build_dir: Path) -> Path:
     for doc in ("README.md", "CHANGELOG.md"):
         shutil.copy2(HERE / doc, target / doc)
     shutil.copytree(HERE / "meta", target / "meta")
+    sanity_ignores(target / "tests" / "sanity")
     shutil.copytree(ROOT / "playbooks", target / "playbooks", ignore=IGNORED)
     modules = target / "plugins" / "modules"
     modules.mkdir(parents=True)
@@ -53,6 +54,20 @@ def stage(build_dir: Path) -> Path:
             shutil.copy2(module, modules / module.name)
     ship_agent(target / "roles" / "gpu_agent" / "files")
     return target
+
+
+# The ansible-core versions the collection supports (meta/runtime.yml, pyproject.toml).
+ANSIBLE_VERSIONS = ("2.17", "2.18", "2.19", "2.20")
+
+
+def sanity_ignores(folder: Path) -> None:
+    """ansible-test reads one ignore file per ansible-core version; the collection has one list.
+    What it holds: the modules are Apache-2.0, as umprov is, not GPLv3 (a rule for modules in
+    ansible-core itself)."""
+    folder.mkdir(parents=True)
+    text = (HERE / "tests" / "sanity" / "ignore.txt").read_text()
+    for version in ANSIBLE_VERSIONS:
+        (folder / f"ignore-{version}.txt").write_text(text)
 
 
 def ship_agent(files: Path) -> None:

@@ -24,7 +24,7 @@ options:
     type: list
     elements: str
     default: []
-author: umprov
+author: umprov contributors (@umprov)
 """
 
 EXAMPLES = r"""

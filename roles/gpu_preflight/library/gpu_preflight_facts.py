@@ -66,7 +66,7 @@ options:
     description: The host's values of the variables named in I(value_rules), templated.
     type: dict
     default: {}
-author: umprov
+author: umprov contributors (@umprov)
 """
 
 EXAMPLES = r"""
@@ -108,6 +108,7 @@ summary:
 """
 
 import glob
+import math
 import os
 import re
 import shutil
@@ -473,7 +474,7 @@ def _format_allows(fmt, value):
         number = float(text)
     except (ValueError, OverflowError):
         return False
-    if number != number or number in (float("inf"), float("-inf")):
+    if not math.isfinite(number):
         return False
     return not ((fmt.get("min") is not None and number < fmt["min"])
                 or (fmt.get("max") is not None and number > fmt["max"]))

@@ -19,7 +19,7 @@ description:
   - Changes nothing on the host but a temporary folder that it removes; every process of the
     run is ended on the way out, also after a timeout. Not run in check mode.
 version_added: "0.1.0"
-author: umprov contributors
+author: umprov contributors (@umprov)
 options:
   agent:
     description: Path on the target of the agent zipapp (C(agent.pyz)).
@@ -142,8 +142,8 @@ def summarize(report):
         verdict = rec.get("verdict")
         if verdict in lines:
             hint = " (hint: %s)" % rec["hint"] if rec.get("hint") else ""
-            lines[verdict].append("%s on %s: %s%s" % (rec.get("check"), rec.get("target"),
-                                                       rec.get("detail") or verdict, hint))
+            what = (rec.get("check"), rec.get("target"), rec.get("detail") or verdict, hint)
+            lines[verdict].append("%s on %s: %s%s" % what)
     return report.get("verdict", "fail"), lines["fail"], lines["warn"]
 
 

@@ -46,7 +46,7 @@ options:
     description: Ask the running engine which runtimes it has loaded.
     type: bool
     default: true
-author: umprov
+author: umprov contributors (@umprov)
 """
 
 EXAMPLES = r"""
