@@ -14,9 +14,13 @@ ROLES = Path(__file__).resolve().parents[2] / "roles"
 @cache
 def _plugin_loader() -> None:
     """Lookups (env, fileglob) load through Ansible's collection loader: set it up once."""
+    import warnings
+
     from ansible.plugins.loader import init_plugin_loader
 
-    init_plugin_loader()
+    with warnings.catch_warnings():  # another test may have set it up first: that one stands
+        warnings.simplefilter("ignore")
+        init_plugin_loader()
 
 
 def render(text: str, variables: dict[str, Any]) -> Any:
