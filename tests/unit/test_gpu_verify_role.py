@@ -121,7 +121,7 @@ def test_the_agent_on_a_host_without_gpus_reports_a_failing_check(tmp_path):
     result = run_module(tmp_path, agent=str(agent), container="", python=sys.executable,
                         args=["--passive"], host="gpu07", timeout=120)
     assert not result.get("failed"), result
-    assert result["verdict"] == "fail" and result["rc"] == 13
+    assert result["verdict"] == "fail" and result["exit_code"] == 13
     assert result["report"]["schema"] == "umprov.verify.host"
     assert result["report"]["host"] == "gpu07"
     assert result["failed_checks"] and all(" on " in line for line in result["failed_checks"])

@@ -95,8 +95,10 @@ warned_checks:
   returned: always
   type: list
   elements: str
-rc:
-  description: The agent's exit code (0 pass, 12 warn, 13 fail); null when it was ended.
+exit_code:
+  description:
+    - The agent's exit code (0 pass, 12 warn, 13 fail); null when it was ended. Not named C(rc),
+      which Ansible would take for a failed task.
   returned: always
   type: int
 """
@@ -192,19 +194,19 @@ def verify(module):
         if read_rc != 0:
             tail = " | ".join((out + err).strip().splitlines()[-3:])
             module.fail_json(msg="the agent exited with code %s and wrote no report: %s"
-                             % (rc, tail[:300]), rc=rc)
+                             % (rc, tail[:300]), exit_code=rc)
     finally:
         runner.sh(end_script(run_id, workdir))
     try:
         report = json.loads(text)
     except ValueError as exc:
-        module.fail_json(msg="the agent's report is not JSON: %s" % exc, rc=rc)
+        module.fail_json(msg="the agent's report is not JSON: %s" % exc, exit_code=rc)
     if params["host"]:
         report.setdefault("facts", {})["container_hostname"] = report.get("host")
         report["host"] = params["host"]
     verdict, failed, warned = summarize(report)
     module.exit_json(changed=False, report=report, verdict=verdict, failed_checks=failed,
-                     warned_checks=warned, rc=rc if rc in (0, 12, 13) else None)
+                     warned_checks=warned, exit_code=rc if rc in (0, 12, 13) else None)
 
 
 def main():
