@@ -15,8 +15,10 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 CONTENT = ("ansible.cfg", "playbooks", "roles", "docker/pytorch-cuda", "inventory/hosts.yml",
            "inventory/group_vars")
-# Made at run time or by tests, never shipped.
+# Made at run time or by tests, never shipped; playbooks/roles is a link to roles/ (plain
+# ansible-playbook from any folder), which the wheel need not carry twice.
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "context", ".*")
+LINKS = ("playbooks/roles",)
 
 
 class BuildWithContent(build_py):
@@ -35,7 +37,10 @@ class BuildWithContent(build_py):
                 raise SystemExit(f"setup.py: {source} is missing: build from a clone or the sdist")
             dest.parent.mkdir(parents=True, exist_ok=True)
             if source.is_dir():
-                shutil.copytree(source, dest, ignore=IGNORED)
+                shutil.copytree(source, dest, ignore=IGNORED, symlinks=True)
+                for link in LINKS:
+                    if (target / link).is_symlink():
+                        (target / link).unlink()
             else:
                 shutil.copy2(source, dest)
 

@@ -44,7 +44,9 @@ def stage(build_dir: Path) -> Path:
         shutil.copy2(HERE / doc, target / doc)
     shutil.copytree(HERE / "meta", target / "meta")
     sanity_ignores(target / "tests" / "sanity")
-    shutil.copytree(ROOT / "playbooks", target / "playbooks", ignore=IGNORED)
+    # playbooks/roles links to roles/ in the checkout; the collection's playbooks find its roles.
+    shutil.copytree(ROOT / "playbooks", target / "playbooks", ignore=IGNORED, symlinks=True)
+    (target / "playbooks" / "roles").unlink()
     modules = target / "plugins" / "modules"
     modules.mkdir(parents=True)
     for role in sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir()):

@@ -58,6 +58,20 @@ def test_playbook_syntax(playbook: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("cwd", ["playbooks", "/"])
+def test_plain_ansible_finds_the_roles_from_any_folder(cwd: str) -> None:
+    """No ansible.cfg where it runs (none in playbooks/ or /): playbooks/roles links to roles/."""
+    tool = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent))
+    if tool is None:
+        pytest.skip("ansible-core is not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    for playbook in ("site.yml", "rolling.yml", "verify.yml"):
+        proc = subprocess.run([tool, "--syntax-check", "-i", "gpu01,", str(ROOT / "playbooks" /
+                               playbook)], cwd=ROOT / cwd, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_every_default_is_in_argument_specs() -> None:
     import yaml
 
