@@ -4,8 +4,8 @@ umprov's and umprov-lab's wheels, built here, go into a fresh virtual environmen
 umprov.gpu collection, built here, into a temporary collections path. From a temporary folder
 (no ansible.cfg, no playbooks/, its own state folder) the installed umprov provisions, deploys,
 verifies and reports on a lab host; then plain ansible-playbook runs the collection's site
-(nothing left to change after umprov's run) and verify (the host fails in Ansible's recap, the
-no-GPU check named) playbooks, and the next `umprov report` files that run into the history.
+(nothing left to change after umprov's run), deploy (umprov's deploy library: the same spec,
+nothing changed) and verify (the host fails in Ansible's recap, the no-GPU check named) playbooks, and the next `umprov report` files that run into the history.
 """
 
 from __future__ import annotations
@@ -126,6 +126,13 @@ def test_the_flow_and_the_collections_playbooks_against_a_lab(lab, user, install
     site = user("ansible-playbook", "-i", inventory, "umprov.gpu.site")
     assert site.returncode == 0, site.stdout[-3000:]
     assert re.search(r"changed=0\s", site.stdout) and "failed=0" in site.stdout, site.stdout[-3000:]
+
+    # umprov's deploy library from a playbook: the container umprov deployed is the same spec.
+    deployed = user("ansible-playbook", "-i", inventory, "umprov.gpu.deploy",
+                    "-e", f"pytorch_container_image={LAB_IMAGE_TAG}",
+                    "-e", f"pytorch_container_authorized_key={pub}")
+    assert deployed.returncode == 0, deployed.stdout[-3000:]
+    assert re.search(r"changed=0\s", deployed.stdout), deployed.stdout[-3000:]
 
     played = user("ansible-playbook", "-i", inventory, "umprov.gpu.verify")
     assert played.returncode == 2, played.stdout[-3000:]

@@ -17,9 +17,9 @@ from tests.conftest import REPO
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
-PLAYBOOKS = ("site", "preflight", "driver", "docker", "toolkit", "rolling", "verify")
+PLAYBOOKS = ("site", "preflight", "driver", "docker", "toolkit", "rolling", "verify", "deploy")
 MODULES = ("gpu_preflight_facts", "apt_source_dpkg", "nvidia_container_toolkit_daemon_json",
-           "gpu_verify")
+           "gpu_verify", "pytorch_container")
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,35 @@ def test_the_agent_on_a_host_without_gpus_reports_a_failing_check(tmp_path):
     assert result["report"]["schema"] == "umprov.verify.host"
     assert result["report"]["host"] == "gpu07"
     assert result["failed_checks"] and all(" on " in line for line in result["failed_checks"])
+
+
+CONTAINER_MODULE = ROLES / "pytorch_container" / "library" / "pytorch_container.py"
+
+
+def run_container_module(tmp_path: Path, **args: Any) -> dict:
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    env = {"UMPROV_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(CONTAINER_MODULE), str(args_file)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    return json.loads(proc.stdout)
+
+
+def test_the_deploy_module_checks_its_values_with_umprovs_rules_before_any_host(tmp_path):
+    """pytorch_container is umprov's deploy: a bad image or a missing key is refused with
+    umprov's own message, and no host (192.0.2.1, TEST-NET) is contacted."""
+    base = {"host": "gpu01", "address": "192.0.2.1"}
+    result = run_container_module(tmp_path, **base, delivery="ship")
+    assert result["failed"] and "delivery" in result["msg"]
+    key = tmp_path / "id.pub"
+    key.write_text("not a key\n")
+    result = run_container_module(tmp_path, **base, authorized_key=str(key))
+    assert result["failed"] and "id.pub" in result["msg"], result
+    key.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHZuZ3R0ZXN0a2V5bm90cmVhbHJlYWxseQ us\n")
+    result = run_container_module(tmp_path, **base, authorized_key=str(key),
+                                  image="Not An Image!")
+    assert result["failed"] and "Not An Image!" in result["msg"], result
+    result = run_container_module(tmp_path, **base, authorized_key=str(key),
+                                  variables={"umprov_ssh_port": 70000})
+    assert result["failed"] and "umprov_ssh_port" in result["msg"], result

@@ -47,6 +47,16 @@ def parse_gpus(value: str) -> str | list[str]:
     return items
 
 
+def _given(option: Any, flag: str, host: HostLike, variable: str, default: Any
+           ) -> tuple[Any, str]:
+    """The value that applies (the option, else the host's variable, else the default) and
+    what to call it in an error: the option, or the host and its variable."""
+    if option:
+        return option, flag
+    value = (getattr(host, "vars", {}) or {}).get(variable)
+    return (value, f"{host.name}: {variable}") if value else (default, flag)
+
+
 def check_port(value: Any, what: str) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ConfigError(f"{what} must be a port number, not {value!r}")
@@ -196,12 +206,10 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     # Without --image or umprov_image: the image `umprov image build` tags by default.
     image = opts.image or hv.get("umprov_image") or DEFAULT_TAG
     check_image(image, "--image" if opts.image else f"{host.name}: umprov_image")
-    ssh_port = check_port(
-        opts.ssh_port or hv.get("umprov_ssh_port") or DEFAULT_SSH_PORT, "--ssh-port"
-    )
-    jupyter_port = check_port(
-        opts.jupyter_port or hv.get("umprov_jupyter_port") or DEFAULT_JUPYTER_PORT, "--jupyter-port"
-    )
+    ssh_port = check_port(*_given(opts.ssh_port, "--ssh-port", host, "umprov_ssh_port",
+                                  DEFAULT_SSH_PORT))
+    jupyter_port = check_port(*_given(opts.jupyter_port, "--jupyter-port", host,
+                                      "umprov_jupyter_port", DEFAULT_JUPYTER_PORT))
     if ssh_port == jupyter_port:
         raise ConfigError(f"{host.name}: --ssh-port and --jupyter-port are both {ssh_port}")
     bind = check_bind(opts.bind or str(hv.get("umprov_bind") or DEFAULT_BIND))
