@@ -101,6 +101,21 @@ def test_the_installed_umprov_reads_its_own_files_and_writes_none_into_them(inst
     assert project == str(installed["state"])  # no project here: the lab's files go to state
 
 
+def test_the_installed_umprov_builds_the_image_from_its_own_files(installed, user):
+    """`umprov lab image` (umprov's image build on the lab's base) from the wheel: the
+    Dockerfile and scripts from the package, the context in the state folder, nothing written
+    into site-packages."""
+    tag = f"{LAB_IMAGE_TAG}-dist"
+    try:
+        built = user("umprov", "lab", "image", "--torch-wheel", "none", "--tag", tag, "--json")
+        assert built.returncode == 0, built.stderr[-2000:]
+        assert json.loads(built.stdout)["context"].startswith(str(installed["state"]))
+        site = installed["bin"].parent / "lib"
+        assert not list(site.rglob("pytorch-cuda/context")), "a build context in site-packages"
+    finally:
+        subprocess.run(["docker", "image", "rm", tag], capture_output=True)
+
+
 def test_a_bad_value_and_a_typo_are_refused_as_in_a_clone(installed, user):
     bad = installed["work"] / "bad.yml"
     bad.write_text("all:\n  hosts:\n    gpu01:\n      ansible_host: 192.0.2.1\n"
