@@ -1,6 +1,6 @@
 """umprov as users install it, against a lab, from a folder with no clone in it.
 
-umprov's and umprov-lab's wheels, built here, go into a fresh virtual environment; the
+umprov's and umprov-lab's wheels, built here from their sdists, go into a fresh virtual environment; the
 umprov.gpu collection, built here, into a temporary collections path. From a temporary folder
 (no ansible.cfg, no playbooks/, its own state folder) the installed umprov provisions, deploys,
 verifies and reports on a lab host; then plain ansible-playbook runs the collection's site
@@ -38,9 +38,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both wheels in a fresh virtual environment, the collection in a collections path."""
     tmp = tmp_path_factory.mktemp("dist")
     dist = tmp / "dist"
-    for project in (REPO, REPO / "lab"):
-        built = _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist),
-                      str(project)])
+    for project in (REPO, REPO / "lab"):  # the sdist, then the wheel from it, as PyPI's would
+        built = _run([sys.executable, "-m", "build", "--outdir", str(dist), str(project)])
         assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     venv = tmp / "venv"
     assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
