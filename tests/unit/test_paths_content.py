@@ -82,3 +82,16 @@ def test_inventory_check_without_the_roles_says_so_in_one_line(installed, umprov
         specs.variable_specs.cache_clear()
     assert result.exit_code == ExitCode.ENVIRONMENT, result.stderr
     assert "reinstall umprov" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_one_version_everywhere():
+    """umprov/__init__.py holds the version: the distributions read it (pyproject's dynamic
+    version, lab/setup.py, the collection's build); the agent, which imports nothing of umprov,
+    carries a copy that must agree."""
+    import umprov
+    from umprov.verify.agent.schema import AGENT_VERSION
+
+    assert umprov.__version__ == AGENT_VERSION
+    assert 'dynamic = ["version"]' in (REPO / "pyproject.toml").read_text()
+    assert "dynamic = [\"version\"]" in (REPO / "lab" / "pyproject.toml").read_text()
+    assert "version: 0.0.0" in (REPO / "collection" / "galaxy.yml").read_text()

@@ -35,7 +35,7 @@ from .profiles import METRICS, judge
 
 SCHEMA = "umprov.verify.host"
 SCHEMA_VERSION = 1
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.1.0"  # umprov's version, copied: the agent imports no umprov (a test checks)
 VERDICTS = ("pass", "warn", "fail", "skip")
 SCOPES = ("host", "gpu", "pair")
 # Remediation hints, a closed set so dashboards can group by them.
