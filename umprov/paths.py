@@ -45,8 +45,8 @@ def project_dir() -> Path:
 
 def content_dir() -> Path:
     """The folder holding ansible.cfg, playbooks/, roles/ and docker/pytorch-cuda/: the
-    project's own when it has them, else those installed with umprov (a wheel's
-    umprov/_content/, or the checkout of an editable install).
+    project's own when it has umprov's (a clone or a fork), else those installed with umprov
+    (a wheel's umprov/_content/, or the checkout of an editable install).
 
     EnvironmentProblem, naming where it looked, when none has them.
     """
@@ -70,7 +70,9 @@ def content_file(*parts: str) -> Path:
 
 
 def _holds_content(folder: Path) -> bool:
-    return (folder / "playbooks" / "site.yml").is_file() and (folder / "roles").is_dir()
+    """umprov's playbooks and roles (a fork's too), not just any Ansible project's."""
+    return ((folder / "playbooks" / "site.yml").is_file()
+            and (folder / "roles" / "gpu_preflight").is_dir())
 
 
 def state_dir() -> Path:

@@ -16,7 +16,7 @@ from umprov.errors import EnvironmentProblem, ExitCode
 def content(folder: Path) -> Path:
     (folder / "playbooks").mkdir(parents=True)
     (folder / "playbooks" / "site.yml").write_text("---\n")
-    (folder / "roles").mkdir()
+    (folder / "roles" / "gpu_preflight").mkdir(parents=True)
     (folder / "ansible.cfg").write_text("[defaults]\n")
     return folder
 
@@ -48,6 +48,20 @@ def test_a_project_with_its_own_playbooks_is_used_from_any_folder_below_it(insta
     (project / "inventory" / "group_vars").mkdir(parents=True)
     monkeypatch.chdir(project / "inventory" / "group_vars")
     assert paths.project_dir() == project and paths.content_dir() == project
+
+
+def test_an_ansible_project_of_the_users_own_does_not_replace_umprovs_playbooks(
+        installed, tmp_path, monkeypatch):
+    """A team's own Ansible repository (ansible.cfg, playbooks/site.yml, other roles) is where
+    its inventory names resolve, but umprov still runs its own playbooks."""
+    carried = content(installed / paths.CONTENT)
+    theirs = tmp_path / "infra"
+    (theirs / "playbooks").mkdir(parents=True)
+    (theirs / "playbooks" / "site.yml").write_text("---\n")
+    (theirs / "roles" / "webserver").mkdir(parents=True)
+    (theirs / "ansible.cfg").write_text("[defaults]\n")
+    monkeypatch.chdir(theirs)
+    assert paths.project_dir() == theirs and paths.content_dir() == carried
 
 
 def test_an_editable_install_reads_its_clone():
