@@ -238,3 +238,18 @@ def test_a_hosts_json_record_keeps_its_shape():
         "push_stream_seconds": 0.0, "skipped_bytes": 0, "seconds": 0.0,
     }]
     assert list(records([outcome], HOST_FIELDS)[0])[:4] == ["host", "ok", "status", "message"]
+
+
+def test_key_paths_given_relative_are_stored_absolute(tmp_path, monkeypatch):
+    """`deploy --authorized-key .lab/x/id_ed25519.pub` from the project folder: the ssh config
+    it writes names the private half by its absolute path, so ssh works from any folder."""
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id_ed25519.pub").write_text(KEY + "\n")
+    (tmp_path / "keys" / "id_ed25519").write_text("private\n")
+    monkeypatch.chdir(tmp_path)
+    opts = options.checked(options.DeployOptions(), Path("keys/id_ed25519.pub"))
+    assert opts.identity_file == str(tmp_path / "keys" / "id_ed25519")
+    from umprov.hosts.ssh import known_hosts_files
+
+    host = FakeHost(known_hosts="lab/known_hosts")
+    assert known_hosts_files(host)[0] == tmp_path / "lab" / "known_hosts"

@@ -179,7 +179,9 @@ def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
     if opts.name is not None:
         check_container_name(opts.name, "--name")
     check_shm_size(opts.shm_size)
-    key_path = authorized_key or default_public_key()
+    # Absolute before it is stored: the ssh config deploy writes names the private half, and
+    # `ssh` from another folder must find it.
+    key_path = (authorized_key or default_public_key()).expanduser().absolute()
     keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
     private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
     identity = str(private) if private and private.is_file() else None

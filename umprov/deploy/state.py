@@ -145,7 +145,8 @@ def render_ssh_config(
         if host.user:
             lines.append(f"  User {value('user (ansible_user)', host.user)}")
         if host.key_file:
-            key = value("key file (ansible_ssh_private_key_file)", host.key_file, tokens=True)
+            key = value("key file (ansible_ssh_private_key_file)",
+                        str(Path(host.key_file).expanduser().absolute()), tokens=True)
             lines += [f"  IdentityFile {key}", "  IdentitiesOnly yes"]
         lines += [
             f"  UserKnownHostsFile {known(known_hosts_files(host))}",

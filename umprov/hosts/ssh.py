@@ -60,7 +60,7 @@ def known_hosts_files(host: HostLike | None = None) -> list[Path]:
     """The files checked for a host, in order: the host's own, the user's, umprov's."""
     files: list[Path] = []
     if host is not None and host.known_hosts:
-        files.append(Path(host.known_hosts).expanduser())
+        files.append(Path(host.known_hosts).expanduser().absolute())  # from any folder
     files += [user_known_hosts(), umprov_known_hosts()]
     return files
 
