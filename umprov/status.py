@@ -140,11 +140,12 @@ def connect_text(host_name: str) -> str:
     lines = [f"ssh -F {conn['ssh_config']} {conn['alias']}"]
     if conn["via_host"]:
         port = conn["jupyter_port"]
+        local = conn.get("tunnel_port", port)  # records of an older umprov have none
         lines.append(
-            f"ssh -F {conn['ssh_config']} -N -L {port}:{conn['address']}:{port} "
+            f"ssh -F {conn['ssh_config']} -N -L {local}:{conn['address']}:{port} "
             f"{conn['jump_alias']}   # then open:"
         )
-        lines.append(f"http://127.0.0.1:{port}/lab?token={token}")
+        lines.append(f"http://127.0.0.1:{local}/lab?token={token}")
     else:
         lines.append(f"http://{conn['address']}:{conn['jupyter_port']}/lab?token={token}")
     return "\n".join(lines)

@@ -70,7 +70,25 @@ def test_status_connect_prints_token_only_when_asked(umprov_cli, tmp_path):
     result = umprov_cli("status", "--connect", "gpu1")
     assert result.exit_code == 0
     assert "ssh -F" in result.stdout and "umprov-gpu1" in result.stdout
-    assert "token=tok-" in result.stdout and "-L 8888:127.0.0.1:8888" in result.stdout
+    assert "token=tok-" in result.stdout and "-L 18888:127.0.0.1:8888" in result.stdout
+    assert "http://127.0.0.1:18888/lab?token=tok-" in result.stdout
+
+
+def test_each_hosts_tunnel_has_its_own_local_port_kept_across_deploys(umprov_cli):
+    """Two hosts' Jupyter tunnels open at once: each host gets a local port of its own, and
+    keeps it when deployed again."""
+    from umprov.deploy import options, state
+
+    settings = options.HostSettings("img", "all", 2222, 8888, "127.0.0.1", "umprov")
+
+    def record(name: str) -> int:
+        host = type("H", (), {"name": name, "address": "10.0.0.5", "port": 22, "user": "ops",
+                              "key_file": None, "known_hosts": None, "vars": {}})()
+        return state.record_connection(host, settings, "umprov", None)["tunnel_port"]
+
+    ports = {name: record(name) for name in ("gpu1", "gpu2", "gpu3")}
+    assert sorted(ports.values()) == [18888, 18889, 18890]
+    assert record("gpu2") == ports["gpu2"] and record("gpu1") == ports["gpu1"]
 
 
 def test_trust_needs_an_address_or_inventory(umprov_cli):

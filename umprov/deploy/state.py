@@ -11,9 +11,11 @@ value can neither place a file outside these folders nor add a directive.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +147,10 @@ def render_ssh_config(
         if host.user:
             lines.append(f"  User {value('user (ansible_user)', host.user)}")
         if host.key_file:
-            key = value("key file (ansible_ssh_private_key_file)",
-                        str(Path(host.key_file).expanduser().absolute()), tokens=True)
+            what = "key file (ansible_ssh_private_key_file)"
+            value(what, host.key_file, tokens=True)  # refused as the inventory gave it
+            # Absolute, as Ansible takes it from the working directory: ssh runs from anywhere.
+            key = value(what, str(Path(host.key_file).expanduser().absolute()), tokens=True)
             lines += [f"  IdentityFile {key}", "  IdentitiesOnly yes"]
         lines += [
             f"  UserKnownHostsFile {known(known_hosts_files(host))}",
@@ -170,6 +174,7 @@ def record_connection(
     address, via_host = container_address(host, settings)
     data = {
         "host": host.name,
+        "tunnel_port": tunnel_port(host.name),
         "container": settings.name,
         "user": login_user,
         "address": address,
@@ -182,6 +187,27 @@ def record_connection(
     }
     write_atomic(connection_path(host.name), json.dumps(data, indent=2), 0o600)
     return data
+
+
+# Local ports for the Jupyter tunnels `status --connect` prints: one per host, so that two
+# hosts' tunnels can be open at once; a host keeps its port across deploys.
+TUNNEL_BASE = 18888
+_TUNNEL_LOCK = threading.Lock()  # deploy records its hosts in parallel threads
+
+
+def tunnel_port(host_name: str) -> int:
+    """The host's local tunnel port: the one on record, else the lowest free one from
+    TUNNEL_BASE that no other host's record holds."""
+    with _TUNNEL_LOCK:
+        taken: dict[str, int] = {}
+        for path in connection_path(host_name).parent.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                record = json.loads(path.read_text())
+                taken[str(record["host"])] = int(record["tunnel_port"])
+        if host_name in taken:
+            return taken[host_name]
+        used = set(taken.values())
+        return next(p for p in range(TUNNEL_BASE, 65536) if p not in used)
 
 
 def load_connection(host_name: str) -> dict[str, Any] | None:
