@@ -162,3 +162,16 @@ def test_verify_writes_the_page_and_keeps_the_run(umprov_cli, tmp_path, monkeypa
     assert "no NVIDIA GPU visible" in out.read_text() and f"HTML report: {out}" in result.stderr
     (entry,) = history.load(root=tmp_path / "state" / "verify-history")
     assert entry.doc()["records"][0]["check"] == "host.gpu_visible"
+
+
+def test_a_history_without_figures_to_trend_says_what_is_on_record(umprov_cli, tmp_path):
+    """The lab's hosts (no GPU) report no figure with a unit to trend: the report says how many
+    runs it holds and why there is no trend, rather than nothing."""
+    state = tmp_path / "state" / "verify-history"
+    for k in range(2):
+        history.save([report.failed_host_report("lab-demo-1", "host.gpu_visible", "no GPU")],
+                     root=state, now=1_800_000_000.0 + k)
+    result = umprov_cli("report")
+    assert result.exit_code == 0
+    assert "lab-demo-1: 2 runs on record, the last 2027-01-15T08:00:01Z" in result.stderr
+    assert "no figure to trend" in result.stderr

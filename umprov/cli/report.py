@@ -117,6 +117,14 @@ def spark(values: list[float]) -> str:
     return "".join(SPARK[0 if hi == lo else round((v - lo) / (hi - lo) * 7)] for v in values)
 
 
+def on_record(trend: Any) -> str:
+    """'3 runs on record, the last 2026-12-04T10:31:00Z' for a host's history."""
+    from umprov.verify.history import iso
+
+    runs = len(trend.saved)
+    return f"{runs} run{'s' if runs != 1 else ''} on record, the last {iso(max(trend.saved))}"
+
+
 def print_trends(trends: list[Any], hosts: list[str] | None) -> None:
     from umprov.output import print_table
     from umprov.verify.history import root_dir
@@ -134,6 +142,10 @@ def print_trends(trends: list[Any], hosts: list[str] | None) -> None:
     if rows:
         print_table(f"trends: {len(trends)} host(s)", ["host", "target", "check", "unit", "runs",
                     "trend", "median", "latest", "change", "flag"], rows)
+    for t in trends:
+        if not any(f.direction for f in t.figures):
+            say(f"{t.host}: {on_record(t)}, no figure to trend (none of GB/s, TFLOP/s, seconds: "
+                "a host without a GPU reports none)")
     for t in trends:
         for f in t.regressions:
             side = "below" if f.direction == "higher" else "above"
