@@ -201,6 +201,25 @@ COLUMNS: list[render.Field] = [
 ]
 
 
+def planned_batches(total: int, variables: dict[str, Any]) -> list[int]:
+    """The batch sizes Ansible's ``serial`` gives the rolling play over ``total`` hosts: the
+    canary, then each of umprov_rolling_batch's sizes (a count or a percent of all hosts, at
+    least 1), the last one repeated; the playbook's defaults where a variable is not given."""
+    specs = [str(variables.get("umprov_rolling_canary", 1)),
+             *str(variables.get("umprov_rolling_batch", "25%")).split(",")]
+
+    def size(spec: str) -> int:
+        spec = spec.strip()
+        if spec.endswith("%"):
+            return max(1, int(float(spec[:-1]) * total / 100))
+        return max(1, int(spec))
+
+    sizes: list[int] = []
+    while sum(sizes) < total:
+        sizes.append(min(size(specs[min(len(sizes), len(specs) - 1)]), total - sum(sizes)))
+    return sizes
+
+
 @dataclass
 class RollingResult:
     playbook: str
@@ -209,6 +228,22 @@ class RollingResult:
     artifacts: str
     hosts: list[HostOutcome]
     batches: list[list[str]]
+    planned: list[int] = field(default_factory=list)  # planned_batches
+    max_fail_percent: int = 0
+
+    def stopped_by_budget(self) -> str | None:
+        """Why hosts were never reached, when a batch's failures passed the failure budget."""
+        missed = [o for o in self.hosts if o.data.get("batch") is None]
+        if not missed or not self.batches:
+            return None
+        last = self.batches[-1]
+        failed = [o.host for o in self.hosts if o.host in last and not o.ok]
+        if not failed:
+            return None
+        return (f"the rollout stopped after batch {len(self.batches)}: {len(failed)} of its "
+                f"{len(last)} host(s) failed, over the failure budget of "
+                f"{self.max_fail_percent} % (--max-fail-percent); {len(missed)} host(s) not "
+                "reached")
 
     @property
     def exit_code(self) -> ExitCode:
@@ -218,9 +253,10 @@ class RollingResult:
         """(title, outcomes) per batch, then the hosts no batch reached."""
         by_name = {o.host: o for o in self.hosts}
         out = []
+        planned = max(len(self.batches), len(self.planned))
         for i, names in enumerate(self.batches, 1):
             kind = " (canary)" if i == 1 else ""
-            title = f"batch {i} of {len(self.batches)}{kind}: {len(names)} host(s)"
+            title = f"batch {i} of {planned}{kind}: {len(names)} host(s)"
             out.append((title, [by_name[n] for n in sorted(names) if n in by_name]))
         missed = [o for o in self.hosts if o.data.get("batch") is None]
         if missed:
@@ -249,5 +285,7 @@ def run_rolling(inventory: Any, rollout: Rollout, *, agent: str, variables: dict
     result = run_playbook(inventory, playbook=PLAYBOOK,
                           extra=[{"slurm_gpu_health_agent_src": agent}, *extra],
                           extra_vars=variables, on_raw=rollout.feed, **options)
+    outcomes = host_outcomes(result.hosts, rollout)
     return RollingResult(result.playbook, result.inventory, result.elapsed_s, result.artifacts,
-                         host_outcomes(result.hosts, rollout), rollout.batches)
+                         outcomes, rollout.batches, planned_batches(len(outcomes), variables),
+                         int(variables.get("umprov_rolling_max_fail_percentage", 0)))

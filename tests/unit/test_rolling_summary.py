@@ -87,7 +87,35 @@ def test_the_summary_says_per_batch_how_each_host_was_left(umprov_cli, inventory
     err = result.stderr
     assert "rolling batch 1 of 3 (canary): 1 host(s)" in err
     assert "rolling batch 3 of 3: 1 host(s)" in err
-    assert "rolling: 4 host(s) in 3 batch(es)" in err
+    assert "rolling: 4 host(s) in 3 of 3 batch(es)" in err
+    assert "rollout stopped after" not in err  # every batch ran
+
+
+@pytest.mark.parametrize(("total", "variables", "sizes"), [
+    (4, {"umprov_rolling_batch": 2}, [1, 2, 1]),
+    (8, {}, [1, 2, 2, 2, 1]),  # the playbook's defaults: a canary, then 25 % of all hosts
+    (8, {"umprov_rolling_canary": 1, "umprov_rolling_batch": "3,4"}, [1, 3, 4]),
+    (2, {"umprov_rolling_batch": "10%"}, [1, 1]),  # a percent is at least one host
+    (1, {"umprov_rolling_canary": 2}, [1]),
+])
+def test_the_planned_batches_are_ansibles_serial(total, variables, sizes):
+    assert rolling.planned_batches(total, variables) == sizes
+
+
+def test_a_canary_over_the_failure_budget_says_it_stopped_the_rollout():
+    """Two batches planned, the canary failed with a budget of 0 %: 'batch 1 of 2', and a line
+    saying why the second never ran."""
+    from umprov.hosts.results import HostOutcome
+
+    hosts = [HostOutcome("n1", "failed", "gate failed", {"batch": 1}),
+             HostOutcome("n2", "failed", "not reached", {"batch": None})]
+    result = rolling.RollingResult("playbooks/rolling.yml", "hosts.yml", 1.0, "", hosts,
+                                   [["n1"]], rolling.planned_batches(2, {}), 0)
+    titles = [title for title, _ in result.batch_outcomes()]
+    assert titles == ["batch 1 of 2 (canary): 1 host(s)", "not reached: 1 host(s)"]
+    assert result.stopped_by_budget() == (
+        "the rollout stopped after batch 1: 1 of its 1 host(s) failed, over the failure budget "
+        "of 0 % (--max-fail-percent); 1 host(s) not reached")
 
 
 def test_the_options_reach_the_playbook_and_the_agent_travels(umprov_cli, inventory, replay):

@@ -213,7 +213,10 @@ def run_rolling(inv: Inventory, hosts: list[Any], variables: dict[str, Any], *,
         emit_json(result.to_dict())
     for title, outcomes in result.batch_outcomes():
         print_outcomes(f"rolling {title}", outcomes, rolling.COLUMNS)
-    say(f"rolling: {len(result.hosts)} host(s) in {len(result.batches)} batch(es), "
-        f"{result.elapsed_s:.0f} s")
+    say(f"rolling: {len(result.hosts)} host(s) in {len(result.batches)} of "
+        f"{max(len(result.batches), len(result.planned))} batch(es), {result.elapsed_s:.0f} s")
+    stopped = result.stopped_by_budget()
+    if stopped:
+        say(f"umprov: {stopped}")
     say_untrusted(result.hosts)
     return int(result.exit_code)
