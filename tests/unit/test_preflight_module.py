@@ -56,3 +56,30 @@ def test_headers_meta_packages_follow_the_kernel_meta_packages(facts: Any) -> No
         "linux-headers-generic-hwe-24.04",
     ]
     assert facts.header_meta_packages([]) == []
+
+
+@pytest.mark.parametrize(("version", "refused"), [
+    ("2.14.3", True), ("2.16.14", True), ("2.17.0", False), ("2.19.14", False),
+    ("2.20.0rc1", False), ("", False),
+])
+def test_an_ansible_core_older_than_the_roles_need_is_refused_first(facts, version, refused):
+    """Debian 12's ansible-core 2.14 passed preflight and then stopped halfway through the
+    driver play; now preflight names the version before anything changes."""
+    said = facts.ansible_too_old(version, "2.17")
+    assert (said is not None) is refused
+    if refused:
+        assert said.startswith(f"ansible-core {version} runs this playbook") and "2.17" in said
+
+
+def test_preflight_passes_the_controllers_version_and_the_roles_minimum():
+    import yaml
+
+    role = MODULE.parents[1]
+    (task,) = [t for t in yaml.safe_load((role / "tasks" / "main.yml").read_text())
+               if "gpu_preflight_facts" in t]
+    assert task["gpu_preflight_facts"]["ansible_version"] == "{{ ansible_version.full }}"
+    minimum = yaml.safe_load((role / "vars" / "main.yml").read_text())[
+        "__gpu_preflight_ansible_minimum"]
+    pyproject = (role.parents[1] / "pyproject.toml").read_text()
+    runtime = (role.parents[1] / "collection" / "meta" / "runtime.yml").read_text()
+    assert f'"ansible-core>={minimum}' in pyproject and f">={minimum}.0" in runtime

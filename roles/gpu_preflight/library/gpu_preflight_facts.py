@@ -56,6 +56,16 @@ options:
     description: Fail on unknown variables; otherwise warn.
     type: bool
     default: true
+  ansible_version:
+    description: The controller's ansible-core version (C(ansible_version.full)).
+    type: str
+    default: ""
+  ansible_minimum:
+    description:
+      - The oldest ansible-core the roles work with; an older I(ansible_version) fails the
+        host before anything is read or changed.
+    type: str
+    default: ""
   value_rules:
     description:
       - The role's files/value_rules.yml (C(formats) and C(variables)), the rules that
@@ -428,10 +438,29 @@ def open_module_mode(gpus):
     return "supported"
 
 
+def _version_tuple(text):
+    return tuple(int(part) for part in re.findall(r"\d+", str(text))[:3])
+
+
+def ansible_too_old(version, minimum):
+    """What to say when the controller's ansible-core is older than the roles need, or None."""
+    if not version or not minimum or _version_tuple(version) >= _version_tuple(minimum):
+        return None
+    return (
+        "ansible-core %s runs this playbook; umprov's roles need %s or newer (their tasks use "
+        "options older releases refuse, halfway through a run). Nothing was changed on this "
+        "host. pip install 'ansible-core>=%s', or run umprov provision, which brings its own."
+        % (version, minimum, minimum)
+    )
+
+
 def check_inputs(module):
     """Stop (or warn) on an unsupported OS or misspelt role variables, before any probe."""
     params = module.params
     problems = []
+    old = ansible_too_old(params["ansible_version"], params["ansible_minimum"])
+    if old:
+        problems.append(old)
     if not params["os_supported"]:
         text = params["os_message"] or "Unsupported operating system."
         if params["fail_on_unsupported_os"]:
@@ -505,6 +534,8 @@ def main():
             fail_on_unknown_variables=dict(type="bool", default=True),
             value_rules=dict(type="dict", default={}),
             values=dict(type="dict", default={}),
+            ansible_version=dict(type="str", default=""),
+            ansible_minimum=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
