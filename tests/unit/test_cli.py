@@ -62,7 +62,16 @@ def test_help_imports_no_heavy_library():
 def test_unknown_command_is_a_usage_error(umprov_cli):
     result = umprov_cli("frobnicate")
     assert result.exit_code == ExitCode.USAGE
-    assert "No such command" in result.stderr
+    assert "No such command" in result.stderr and "Did you mean" not in result.stderr
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("provison", "provision"), ("verfy", "verify"),
+                                              ("labb", "lab")])
+def test_a_mistyped_command_gets_a_suggestion(umprov_cli, typed, meant):
+    """Built-in commands load lazily and `lab` is a plugin: both are among the suggestions."""
+    result = umprov_cli(typed)
+    assert result.exit_code == ExitCode.USAGE
+    assert f"No such command '{typed}'. Did you mean '{meant}'?" in result.stderr
 
 
 @pytest.fixture

@@ -168,6 +168,28 @@ def test_missing_file_lists_where_it_looked(tmp_path):
         resolve_source("nowhere")
 
 
+@pytest.mark.parametrize(("given", "looked"), [
+    ("inventory/lab/x.yml", ["inventory/lab/x.yml", "P/inventory/lab/x.yml"]),
+    ("lab/x.yml", ["lab/x.yml", "P/inventory/lab/x.yml"]),
+    ("lab/x", ["lab/x", "P/inventory/lab/x", "P/inventory/lab/x.yml", "P/inventory/lab/x.yaml",
+               "P/inventory/lab/x.ini"]),
+])
+def test_a_missing_inventory_lists_only_places_it_could_be(tmp_path, monkeypatch, given, looked):
+    """No inventory/inventory/..., no x.yml.yml among the places named."""
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(tmp_path))
+    with pytest.raises(InventoryError) as raised:
+        resolve_source(given)
+    listed = str(raised.value).split("(looked for ", 1)[1].rstrip(")").split(", ")
+    assert listed == [place.replace("P/", f"{tmp_path}/") for place in looked]
+
+
+def test_a_path_from_the_project_folder_is_found_from_any_folder(tmp_path, monkeypatch):
+    write(tmp_path / "inventory" / "lab" / "demo.yml", "all: {}\n")
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "inventory")
+    assert resolve_source("inventory/lab/demo.yml") == tmp_path / "inventory" / "lab" / "demo.yml"
+
+
 def test_name_under_inventory_folder(tmp_path, monkeypatch):
     write(tmp_path / "inventory" / "hosts.yml", "all: {}\n")
     write(tmp_path / "inventory" / "lab" / "demo.yml", "all: {}\n")

@@ -172,3 +172,18 @@ def test_presented_key_is_known_unknown_or_refused(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ssh, "scan_host_key", lambda address, port: other)
     with pytest.raises(TrustError, match="HOST KEY CHANGED for \\[127.0.0.1\\]:2222"):
         ssh.presented_key(host)
+
+
+@pytest.mark.parametrize(("raw", "said"), [
+    ("[Errno None] Unable to connect to port 2222 on 127.0.0.1",
+     "Unable to connect to port 2222 on 127.0.0.1"),
+    ("Task failed: EOF on stream; last 100 lines received: bash: line 1: python3: not found",
+     "Task failed: the connection closed before the host answered; it said: bash: line 1: "
+     "python3: not found"),
+    ("EOF on stream", "the connection closed before the host answered"),
+    ("[Errno 111] Connection refused", "[Errno 111] Connection refused"),  # a real errno stays
+])
+def test_the_transports_prefixes_do_not_reach_the_user(raw, said):
+    from umprov.hosts.ssh import plain_reason
+
+    assert plain_reason(raw) == said

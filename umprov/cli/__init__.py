@@ -82,6 +82,20 @@ class LazyGroup(click.Group):
             command = _load_plugin(plugins[cmd_name])
         return command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        """Click's, with the lazy and plugin commands among the suggestions for a typo (Click
+        suggests from the commands it has loaded, none of them here)."""
+        name = args[0] if args else ""
+        if (args and not ctx.resilient_parsing and not name.startswith("-")
+                and self.get_command(ctx, name) is None):
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+            ctx.fail(f"No such command {name!r}." + (f" Did you mean {close[0]!r}?" if close
+                                                      else ""))
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Click's list of commands, except that a plugin is named, not loaded."""
         plugins = plugin_commands()

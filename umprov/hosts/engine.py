@@ -22,7 +22,7 @@ from typing import Any
 
 from umprov.errors import Cancelled, EngineDown, EnvironmentProblem, UmprovError
 from umprov.hosts import HostLike
-from umprov.hosts.ssh import connect, host_pattern
+from umprov.hosts.ssh import connect, host_pattern, plain_reason
 
 # ---------------------------------------------------------------------------------------------
 # Clients
@@ -247,7 +247,7 @@ def one_line(text: object, limit: int = 300) -> str:
 def engine_error(exc: BaseException, *, limit: int = 300, named: bool = False) -> str:
     """One line for an error of a Docker engine or the docker SDK: the engine's own
     explanation when it gave one; ``named``: after the exception's class name."""
-    text = " ".join(str(getattr(exc, "explanation", None) or exc).split())
+    text = plain_reason(getattr(exc, "explanation", None) or exc)
     if named:
         text = f"{type(exc).__name__}: {text}"
     return text[:limit] or type(exc).__name__

@@ -305,12 +305,31 @@ def connect(host: HostLike, *, trust_new: bool = False, timeout: float = CONNECT
         raise
     except (OSError, paramiko.SSHException, EOFError) as exc:
         client.close()
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = plain_reason(exc) or type(exc).__name__
         raise Unreachable(f"{host.name}: cannot reach {pattern} over SSH ({reason})") from None
     transport = client.get_transport()
     if transport is not None:
         transport.set_keepalive(30)
     return client
+
+
+# What paramiko and Mitogen put before an SSH failure's own words: "[Errno None] Unable to
+# connect to port 22 on 10.0.0.5" (paramiko's NoValidConnectionsError, whose errno is None) and
+# "EOF on stream; last 100 lines received: ..." (the connection closed before a reply).
+_ERRNO_NONE = re.compile(r"\[Errno None\]\s*")
+_EOF_ON_STREAM = re.compile(r"EOF on stream(?:; last \d+ lines received:)?\s*")
+
+
+def plain_reason(text: object) -> str:
+    """An SSH failure's text on one line, without the transport's prefixes that tell a user
+    nothing ("[Errno None]"), and an early EOF said as what it is."""
+    line = _ERRNO_NONE.sub("", " ".join(str(text).split()))
+    eof = _EOF_ON_STREAM.search(line)
+    if eof:
+        said = line[eof.end():].strip()
+        line = (line[:eof.start()] + "the connection closed before the host answered"
+                + (f"; it said: {said}" if said else ""))
+    return line
 
 
 def scan_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) -> paramiko.PKey:
@@ -320,13 +339,15 @@ def scan_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) -> 
     try:
         sock = socket.create_connection((address, port), timeout=timeout)
     except OSError as exc:
-        raise Unreachable(f"cannot reach {host_pattern(address, port)}: {exc}") from None
+        raise Unreachable(f"cannot reach {host_pattern(address, port)}: {plain_reason(exc)}"
+                          ) from None
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
         return transport.get_remote_server_key()
     except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise Unreachable(f"{host_pattern(address, port)} did not speak SSH: {exc}") from None
+        raise Unreachable(f"{host_pattern(address, port)} did not speak SSH: "
+                          f"{plain_reason(exc) or type(exc).__name__}") from None
     finally:
         transport.close()
 

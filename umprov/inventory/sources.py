@@ -44,19 +44,30 @@ def resolve_source(source: str | None) -> Path:
     direct = Path(os.path.expanduser(source))
     if direct.exists():
         return direct
-    base = project_dir() / "inventory"
     tried = [direct]
     if not direct.is_absolute():
-        for cand in (
-            base / source,
-            *(base / f"{source}{ext}" for ext in (".yml", ".yaml", ".ini")),
-        ):
+        for cand in _candidates(source):
             tried.append(cand)
             if cand.exists():
                 return cand
     raise InventoryError(
         f"inventory not found: {source} (looked for {', '.join(str(t) for t in tried)})"
     )
+
+
+INVENTORY_SUFFIXES = (".yml", ".yaml", ".ini", ".json")
+
+
+def _candidates(source: str) -> list[Path]:
+    """Where a relative source that is not in the working directory may be: a path from the
+    project folder (``inventory/lab/demo.yml``), else a name under its inventory/ (``lab/demo``,
+    with or without its suffix)."""
+    project = project_dir()
+    if Path(source).parts[0] == "inventory":
+        return [project / source]
+    names = [source] if Path(source).suffix in INVENTORY_SUFFIXES else [
+        source, *(f"{source}{ext}" for ext in INVENTORY_SUFFIXES[:3])]
+    return [project / "inventory" / name for name in names]
 
 
 def default_sources() -> list[Path]:

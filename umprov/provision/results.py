@@ -11,6 +11,7 @@ from typing import Any
 from umprov.errors import ExitCode
 from umprov.hosts import render
 from umprov.hosts.results import HostOutcome, exit_code
+from umprov.hosts.ssh import plain_reason
 from umprov.inventory import Inventory
 
 # Facts each role sets at its end to tell the summary what it did (see role_note()).
@@ -169,7 +170,7 @@ def short_failure(res: dict[str, Any]) -> str:
         failed = [r for r in res["results"] if isinstance(r, dict) and r.get("failed")]
         if failed:
             msg = failed[0].get("msg") or failed[0].get("stderr") or ""
-    return " ".join(str(msg).split())[:300]
+    return plain_reason(msg)[:300]
 
 
 def consume(
