@@ -55,9 +55,17 @@ def ensure_key(path: Path) -> bool:
     return True
 
 
+def lab_containers(client: Any, *labels: str) -> list[Any]:
+    """Containers carrying every label filter given (default: any lab's), running or not. Labs
+    share one engine: one that another lab's `down` removes between the engine's list and its
+    inspect is left out, not an error (seen: `lab status` beside another lab's `down`)."""
+    wanted = list(labels) or [LABEL]
+    return client.containers.list(all=True, filters={"label": wanted}, ignore_removed=True)
+
+
 def host_containers(client: Any, name: str) -> dict[int, Any]:
     """The lab's host containers by index (the repository and registry have none)."""
-    found = client.containers.list(all=True, filters={"label": f"{LABEL}={name}"})
+    found = lab_containers(client, f"{LABEL}={name}")
     out: dict[int, Any] = {}
     for c in found:
         index = c.labels.get(f"{LABEL}.index")
@@ -78,7 +86,7 @@ def _port_free(port: int) -> bool:
 
 def _used_ports(client: Any) -> set[int]:
     used = set()
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
+    for c in lab_containers(client):
         port = c.labels.get(f"{LABEL}.port", "")
         if port.isdigit():
             used.add(int(port))

@@ -7,6 +7,7 @@ the hosts' real keys and the inventory; each step reports what it changed.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +181,8 @@ def _ensure_hosts(client: Any, name: str, count: int, image: str, taken: set[int
 
 def status(name: str | None = None) -> list[dict[str, Any]]:
     client = docker_engine(start=False)
-    filters = {"label": f"{LABEL}={name}" if name else LABEL}
     rows = []
-    for c in client.containers.list(all=True, filters=filters):
+    for c in lab_hosts.lab_containers(client, *([f"{LABEL}={name}"] if name else [])):
         controller = c.labels.get(f"{LABEL}.role") == lab_slurm.ROLE
         if f"{LABEL}.index" not in c.labels and not controller:
             continue
@@ -208,9 +208,10 @@ def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[
     check_lab_name(name)
     client = docker_engine(progress, start=False)
     removed: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={name}"}):
+    for container in lab_hosts.lab_containers(client, f"{LABEL}={name}"):
         progress(f"removing {container.name}")
-        container.remove(force=True, v=True)
+        with contextlib.suppress(NotFound):  # removed meanwhile by another `lab down`
+            container.remove(force=True, v=True)
         removed.append(container.name)
         for suffix in ("-docker", "-data"):  # a host's Docker storage, the registry's data
             lab_hosts.remove_volume(client, f"{container.name}{suffix}")

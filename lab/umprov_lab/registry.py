@@ -20,7 +20,7 @@ from typing import Any
 from umprov.errors import EnvironmentProblem
 from umprov.paths import write_atomic, write_private
 from umprov_lab import data
-from umprov_lab.hosts import machine_lock, pick_port
+from umprov_lab.hosts import lab_containers, machine_lock, pick_port
 from umprov_lab.layout import (
     LABEL,
     Progress,
@@ -134,10 +134,7 @@ def registry_binary() -> str:
 
 
 def has_registry(client: Any, name: str) -> bool:
-    found = client.containers.list(
-        all=True, filters={"label": [f"{LABEL}={name}", f"{LABEL}.role=registry"]}
-    )
-    return bool(found)
+    return bool(lab_containers(client, f"{LABEL}={name}", f"{LABEL}.role=registry"))
 
 
 def ensure_registry(

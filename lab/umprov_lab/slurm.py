@@ -25,7 +25,7 @@ from typing import Any
 from umprov.errors import ConfigError, EnvironmentProblem, UmprovError
 from umprov.paths import write_private
 from umprov_lab import data
-from umprov_lab.hosts import LabHost, machine_lock, systemd_container
+from umprov_lab.hosts import LabHost, lab_containers, machine_lock, systemd_container
 from umprov_lab.layout import (
     LABEL,
     PREFIX,
@@ -118,9 +118,7 @@ def ensure_image(client: Any, base: str, progress: Progress = quiet) -> tuple[st
 
 # -- the cluster
 def has_slurm(client: Any, name: str) -> bool:
-    found = client.containers.list(all=True, filters={"label": [f"{LABEL}={name}",
-                                                               f"{LABEL}.role={ROLE}"]})
-    return bool(found)
+    return bool(lab_containers(client, f"{LABEL}={name}", f"{LABEL}.role={ROLE}"))
 
 
 def mounts(name: str) -> dict[str, dict[str, str]]:

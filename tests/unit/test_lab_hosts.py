@@ -40,3 +40,30 @@ def test_an_empty_read_is_asked_again() -> None:
 def test_a_host_without_a_readable_key_is_refused_not_left_out() -> None:
     with pytest.raises(UmprovError, match="umprov-lab-x-1: no SSH host key could be read"):
         hosts.host_keys(Container(b"", b"\n", b""))
+
+
+def test_a_container_removed_while_labs_are_listed_is_left_out():
+    """`lab status` beside another lab's `lab down` on the same engine: the engine lists a
+    container, then it is gone before it is inspected. It is left out, not an error."""
+    from docker.errors import NotFound
+    from docker.models.containers import ContainerCollection
+
+    from umprov_lab.hosts import lab_containers
+
+    class Api:
+        def containers(self, **_kw):
+            return [{"Id": "kept"}, {"Id": "gone"}]
+
+        def inspect_container(self, ident):
+            if ident == "gone":
+                raise NotFound("No such container: gone")
+            return {"Id": ident, "Name": "/umprov-lab-a-1", "Config": {"Labels": {}}}
+
+    class Client:
+        api = Api()
+
+        @property
+        def containers(self):
+            return ContainerCollection(client=self)
+
+    assert [c.name for c in lab_containers(Client())] == ["umprov-lab-a-1"]
