@@ -205,11 +205,16 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
 def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[str]:
     from docker.errors import NotFound
 
+    from umprov.deploy.state import forget as forget_host
+
     check_lab_name(name)
     client = docker_engine(progress, start=False)
     removed: list[str] = []
     for container in lab_hosts.lab_containers(client, f"{LABEL}={name}"):
         progress(f"removing {container.name}")
+        index = container.labels.get(f"{LABEL}.index", "")
+        if index.isdigit():  # what deploy kept of the host: no login offered to a gone host
+            removed += [str(p) for p in forget_host(host_name(name, int(index)))]
         with contextlib.suppress(NotFound):  # removed meanwhile by another `lab down`
             container.remove(force=True, v=True)
         removed.append(container.name)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -170,11 +171,23 @@ def test_snapshot_starts_hosts_with_their_own_keys(lab_up, umprov_module_cli, do
 
 
 def test_down_leaves_only_the_cached_image(lab_up, umprov_module_cli, docker_client):
+    # What a deploy to host 1 would have kept: gone with the host, so no login is offered.
+    from umprov.deploy import options, state
+    from umprov.paths import write_private
     from umprov_lab.host_image import recipe_tag
     from umprov_lab.layout import LABEL, inventory_path, lab_dir
 
+    host = SimpleNamespace(name=lab_up["hosts"][0]["name"], address="127.0.0.1", port=22,
+                           user="lab", key_file=None, known_hosts=None, vars={})
+    state.record_connection(host, options.HostSettings("img", "none", 2222, 8888, "127.0.0.1",
+                                                       "umprov"), "umprov", None)
+    write_private(state.token_path(host.name), "tok\n")
+    assert umprov_module_cli("status", "--connect", host.name).exit_code == 0
     result = umprov_module_cli("lab", "down", "--name", NAME, "--json")
     assert result.exit_code == 0, result.stderr
+    assert str(state.connection_path(host.name)) in json.loads(result.stdout)["removed"]
+    gone = umprov_module_cli("status", "--connect", host.name)
+    assert gone.exit_code == 4 and "nothing deployed" in gone.stderr
     assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL}={NAME}"})
     assert not [v for v in docker_client.volumes.list() if v.name.startswith(f"umprov-lab-{NAME}-")]
     assert not [n for n in docker_client.networks.list() if n.name == f"umprov-lab-{NAME}"]

@@ -55,6 +55,17 @@ def connection_path(host_name: str) -> Path:
     return host_file("connections", host_name, ".json")
 
 
+def forget(host_name: str) -> list[Path]:
+    """Remove what deploy keeps of a host that no longer exists (its token, ssh_config and
+    connection record), so that `status --connect` offers no login to it; the files removed."""
+    removed = []
+    for path in (token_path(host_name), ssh_config_path(host_name), connection_path(host_name)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def container_alias(host_name: str) -> str:
     try:
         return f"umprov-{safe_name(host_name, 'host name')}"
