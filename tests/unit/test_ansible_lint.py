@@ -109,3 +109,20 @@ def test_cuda_repo_distro_default_names_nvidia_folders(
     # Ansible 2.19 templates only trusted text, as it trusts what it reads from role files.
     text = trust_as_template(defaults["nvidia_driver_cuda_repo_distro"])
     assert templar.template(text) == expected
+
+
+def test_one_list_of_supported_targets() -> None:
+    """gpu_preflight_supported_os is the list; every role's galaxy platforms, ansible.cfg and the
+    README name the same systems and no other."""
+    import yaml
+
+    supported = yaml.safe_load((ROOT / "roles/gpu_preflight/defaults/main.yml").read_text())[
+        "gpu_preflight_supported_os"]
+    assert supported == {"Ubuntu": ["22.04", "24.04"], "Debian": ["12"]}
+    codenames = {"Ubuntu": {"jammy", "noble"}, "Debian": {"bookworm"}}
+    for meta in sorted((ROOT / "roles").glob("*/meta/main.yml")):
+        platforms = yaml.safe_load(meta.read_text())["galaxy_info"]["platforms"]
+        assert {p["name"]: set(p["versions"]) for p in platforms} == codenames, meta
+    cfg = (ROOT / "ansible.cfg").read_text()
+    assert "Debian 12, Ubuntu 22.04 and 24.04" in cfg and "RHEL" not in cfg
+    assert "Debian 12 or Ubuntu 22.04/24.04" in (ROOT / "README.md").read_text()
