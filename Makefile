@@ -73,7 +73,9 @@ demo: sysdeps venv
 	@$(UMPROV) verify lab/$(LAB) --json > .lab/$(LAB)/verify.json; rc=$$?; \
 	  echo "verify exit code $$rc (13: no GPU in the lab, reported as a failure, never a pass); report: .lab/$(LAB)/verify.json"; \
 	  [ $$rc -eq 0 ] || [ $$rc -eq 13 ]
-	@echo "demo done: lab '$(LAB)': inventory/lab/$(LAB).yml; 'umprov status --connect lab-$(LAB)-1' to log in; 'make lab-down LAB=$(LAB)' removes it"
+	@echo "demo done: lab '$(LAB)', inventory/lab/$(LAB).yml. umprov is in $(VENV)/bin: 'source $(VENV)/bin/activate' puts it on PATH."
+	@echo "  log in:  $(UMPROV) status lab/$(LAB) --connect lab-$(LAB)-1   (the ssh command and the Jupyter URL, from any folder)"
+	@echo "  remove:  make lab-down LAB=$(LAB)"
 
 # A rolling change on a Slurm lab (docs/slurm.md): 4 hosts and a slurmctld; the container toolkit
 # rolled over them in batches 1 + 2 + 1 (the lab's stand-in driver has no driver that answers, so

@@ -197,3 +197,16 @@ def test_plugin_cannot_take_a_builtin_name(umprov_cli, plugins):
 
 def test_lab_is_not_built_in():
     assert "lab" not in COMMANDS  # it comes from the umprov-lab distribution
+
+
+def test_the_demo_ends_with_a_login_command_that_runs_as_printed():
+    """`umprov` is in .venv/bin after `make demo`, not on PATH: the last lines name it so."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    said = subprocess.run(["make", "-n", "demo", "LAB=x"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60).stdout
+    assert ".venv/bin/umprov status lab/x --connect lab-x-1" in said
+    assert "source .venv/bin/activate" in said
+    assert ".venv/bin/umprov status lab/demo --connect lab-demo-1" in (REPO / "README.md").read_text()
