@@ -47,10 +47,14 @@ def lab_role_vars(name: str) -> dict[str, Any]:
 # playbooks/rolling.yml read there. No GPU, so a healthy node is one that has none
 # (umprov_expected_gpus: 0; a host that expects one is a sick node without a faked result);
 # no torch on the hosts, so the health check and the rollout's gate run the passive checks.
+# A rolling change rolls the container toolkit by default: the driver's stand-in installs
+# packages but no kernel module, so after a driver change the gate would find a driver that
+# does not answer and keep the node drained, as it should on a real host (docs/slurm.md).
 SLURM_COMPUTE_VARS: dict[str, Any] = {
     "umprov_expected_gpus": 0,
     "slurm_gpu_health_active": "never",
     "umprov_rolling_verify": "passive",
+    "umprov_rolling_roles": ["nvidia_container_toolkit"],
 }
 
 
