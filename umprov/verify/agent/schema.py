@@ -38,20 +38,22 @@ SCHEMA_VERSION = 1
 AGENT_VERSION = "0.1.0"  # umprov's version, copied: the agent imports no umprov (a test checks)
 VERDICTS = ("pass", "warn", "fail", "skip")
 SCOPES = ("host", "gpu", "pair")
-# Remediation hints, a closed set so dashboards can group by them.
-HINTS = (
-    "reboot",  # a GPU fell off the bus or the driver state is broken
-    "reset",  # GPU reset (nvidia-smi -r) or reboot: pending remaps, sticky errors, hangs
-    "isolate",  # drain the GPU/host and replace hardware (remap failure, wrong results)
-    "reseat",  # PCIe or NVLink link degraded: check seating, risers, cables
-    "cooling",  # thermal slowdown
-    "power",  # power brake or hardware slowdown
-    "fabric-manager",  # start nvidia-fabricmanager at the driver's version
-    "persistence",  # enable persistence mode (nvidia-persistenced)
-    "driver",  # install or fix the NVIDIA driver / container toolkit
-    "config",  # a setting to fix: expected GPU count, profile, environment
-    "investigate",  # a failure without a known remedy: read the detail
-)
+# Remediation hints, a closed set so dashboards can group by them, and what each asks of a
+# person (the HTML page's "Needs action" says it beside the hint).
+REMEDIES = {
+    "reboot": "reboot the host: a GPU fell off the bus or the driver state is broken",
+    "reset": "reset the GPU (nvidia-smi -r) or reboot: pending remaps, sticky errors, hangs",
+    "isolate": "drain the GPU or host and replace the hardware (remap failure, wrong results)",
+    "reseat": "a PCIe or NVLink link is degraded: check seating, risers and cables",
+    "cooling": "the GPU slows down for heat: check airflow and fans",
+    "power": "a power brake or hardware slowdown: check the power supply and its limits",
+    "fabric-manager": "start nvidia-fabricmanager at the driver's version",
+    "persistence": "enable persistence mode (nvidia-persistenced)",
+    "driver": "install or fix the NVIDIA driver or the container toolkit",
+    "config": "a setting to fix: the expected GPU count, the profile or the environment",
+    "investigate": "no known remedy: read the check's detail",
+}
+HINTS = tuple(REMEDIES)
 EXIT_PASS, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 12, 13, 2
 
 

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 def render(docs: Sequence[dict], *, seconds: float | None = None,
            trends: Sequence[HostTrend] | None = None, title: str | None = None,
            now: float | None = None) -> str:
-    """The page for a run's host documents, and, when given, the hosts' trends."""
+    """The page for a run's host documents, and, when given, the hosts' trends. Hosts appear
+    by name, whatever order the run finished them in."""
+    docs = sorted(docs, key=lambda d: str(d.get("host")))
     outcomes = fleet.verdicts(docs)
     worst = next((v for v in ("fail", "unreachable", "warn", "pass") if v in outcomes), "none")
     title = title or f"umprov verify: {len(docs)} host(s), {worst}"

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from html import escape
 
+from umprov.verify.agent.schema import REMEDIES
 from umprov.verify.html import svg
 from umprov.verify.html.parts import (
     ORDER,
@@ -61,14 +62,20 @@ def needs_action(docs: Sequence[dict]) -> str:
     for (i, target), found in sorted(seen.items(), key=lambda kv: (
             ORDER[min((r["verdict"] for r, _w in kv[1]), key=ORDER.get)], kv[0])):
         worst = escape(min((r["verdict"] for r, _w in found), key=ORDER.get))
-        hints = ", ".join(dict.fromkeys(r["hint"] for r, _w in found if r["hint"])) or "-"
+        hints = list(dict.fromkeys(r["hint"] for r, _w in found if r["hint"]))
         checks = ", ".join(dict.fromkeys(what for _r, what in found))
         items.append(
             f'<li class="v-{worst}"><span class="chip v-{worst}">{worst.upper()}</span> '
             f'<a href="#{host_anchor(i)}"><b>{escape(docs[i]["host"])}</b></a> '
-            f"<b>{escape(target)}</b>: {escape(checks)} <span class=muted>(hint: "
-            f"{escape(hints)})</span></li>")
+            f"<b>{escape(target)}</b>: {escape(checks)} <span class=muted>({remedy(hints)})"
+            "</span></li>")
     return f'<ul class="action">{"".join(items)}</ul>'
+
+
+def remedy(hints: list[str]) -> str:
+    """'hint: config, a setting to fix: ...' for each hint, escaped; 'no hint' for none."""
+    said = [f"hint: {h}, {REMEDIES[h]}" if h in REMEDIES else f"hint: {h}" for h in hints]
+    return escape("; ".join(said) or "no hint")
 
 
 def _attributed(recs: list[dict]) -> list[tuple[str, dict, str]]:
@@ -100,7 +107,10 @@ def problem_table(docs: Sequence[dict]) -> str:
                                    r["target"], r["check"], r["measured"], r["unit"],
                                    r["limit"], r["hint"], r["detail"]])
             for i, d, r in problems(docs))
-    return table(cols, rows, cls="problems")
+    found = list(rows)
+    if not found:
+        return '<p class="muted">None: no check failed or warned.</p>'
+    return table(cols, found, cls="problems")
 
 
 def host_table(docs: Sequence[dict]) -> str:
@@ -115,7 +125,7 @@ def host_table(docs: Sequence[dict]) -> str:
                                       s["fail"], s["warn"], s["pass"], s["skip"], gpus,
                                       doc["profile"], doc["mode"], doc["wall_s"],
                                       doc["started"]]))
-    rows.sort(key=lambda r: ORDER.get(str(r[1][1]).lower(), 9))
+    rows.sort(key=lambda r: ORDER.get(str(r[1][1]).lower(), 9))  # stable: by name within
     return table(cols, rows, cls="hosts")
 
 

@@ -136,8 +136,10 @@ def versions(doc: dict) -> dict[str, str]:
     models = sorted({str(d.get("name")) for d in gpus})
     out = {
         "driver": nvml.get("driver"), "CUDA (driver)": nvml.get("cuda_driver"),
-        "CUDA runtime": disc.get("cuda_runtime"), "torch": disc.get("torch"),
-        "torch CUDA build": disc.get("torch_cuda_build"), "NCCL": disc.get("nccl"),
+        # A multi-node run's host documents keep torch and NCCL at the top of their facts.
+        "CUDA runtime": disc.get("cuda_runtime"), "torch": disc.get("torch") or facts.get("torch"),
+        "torch CUDA build": disc.get("torch_cuda_build"),
+        "NCCL": disc.get("nccl") or facts.get("nccl"),
         "python": disc.get("python"),
         "GPUs": f"{len(gpus)} x {', '.join(models)}" if gpus else None,
         "image": facts.get("image"), "backend": facts.get("backend"),
