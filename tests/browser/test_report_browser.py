@@ -118,7 +118,7 @@ def test_a_person_sees_the_failing_gpu_first_and_one_cell_per_pair(chromium, thr
     assert shown.h2[:2] == ["Needs action", "Hosts"]
     first = shown.items["Needs action"][0]
     assert first.startswith("FAIL h200-b gpu5:") and "gpu.hbm_copy" in first
-    assert "hint: reset, reseat" in first
+    assert "hint: reset, reset the GPU" in first and "hint: reseat, a PCIe or NVLink" in first
     assert any(i.startswith("FAIL build-01 host:") for i in shown.items["Needs action"])
     docs = json.loads((tmp_path / "three.json").read_text())["hosts"]
     pairs = sorted(r["target"] for d in docs for r in d["records"] if r["scope"] == "pair")
