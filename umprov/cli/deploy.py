@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 @click.option("--allow-agent-forwarding", is_flag=True,
               help="Let `ssh -A` forward your SSH agent into the container (off by default: "
               "root in the container could use your keys while you are logged in).")
+@click.option("--managed-memory/--no-managed-memory", default=None,
+              help="PyTorch in the container allocates CUDA managed memory, so a job may use "
+              "more than the GPU's memory (default: the host's umprov_managed_memory, else off; "
+              "docs/managed-memory.md).")
 @json_option
 def deploy(
     inventory: InventoryRequest,
@@ -67,6 +71,7 @@ def deploy(
     force: bool,
     trust_new_hosts: bool,
     allow_agent_forwarding: bool,
+    managed_memory: bool | None,
     as_json: bool,
 ) -> int:
     """Run the PyTorch container (SSH + Jupyter) on every host, in parallel.
@@ -97,6 +102,7 @@ def deploy(
         force=force,
         trust_new=trust_new_hosts,
         agent_forwarding=allow_agent_forwarding,
+        managed_memory=managed_memory,
     ), authorized_key)
     hosts = list(load_inventory(inventory).select(limit))
     settings_for_all(hosts, opts)  # every host's values, before any host is contacted

@@ -160,6 +160,7 @@ class DeployOptions:
     force: bool = False
     trust_new: bool = False
     agent_forwarding: bool = False  # sshd in the container lets ssh -A forward an agent
+    managed_memory: bool | None = None  # PyTorch on managed memory (docs/managed-memory.md)
 
 
 def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
@@ -201,6 +202,8 @@ class HostSettings:
     # umprov_container_limits: raise memlock and stack for NCCL, which needs CAP_SYS_RESOURCE
     # (the lab's hosts lack it); false leaves the engine's defaults.
     raise_limits: bool = True
+    # umprov_managed_memory / --managed-memory: PyTorch's allocator over CUDA managed memory.
+    managed_memory: bool = False
 
 
 def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
@@ -221,7 +224,10 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
         "--name" if opts.name else f"{host.name}: umprov_container_name",
     )
     raise_limits = flag(hv.get("umprov_container_limits"), default=True)
-    return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits)
+    managed = (opts.managed_memory if opts.managed_memory is not None
+               else flag(hv.get("umprov_managed_memory"), default=False))
+    return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits,
+                        managed)
 
 
 def network_exposure(hosts: list[HostLike], opts: DeployOptions) -> list[str]:

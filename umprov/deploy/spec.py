@@ -59,6 +59,8 @@ def container_spec(
     }
     if agent_forwarding:  # only when asked, so the spec (and its hash) is otherwise unchanged
         spec["environment"]["SSH_ALLOW_AGENT_FORWARDING"] = "yes"
+    if settings.managed_memory:  # likewise; the image's umprov_managed reads it (torch import)
+        spec["environment"]["UMPROV_MANAGED_MEMORY"] = "1"
     return spec
 
 

@@ -31,6 +31,11 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
     "umprov_nccl_debug": ("str", "NCCL_DEBUG level recorded in verify reports"),
     "umprov_rendezvous_port": ("int", "torchrun rendezvous port on the first host"),
     "umprov_internode_busbw_gbps": ("float", "expected inter-node all_reduce bus bandwidth"),
+    "umprov_managed_memory": (
+        "bool",
+        "PyTorch in the container allocates CUDA managed memory (docs/managed-memory.md); "
+        "default false",
+    ),
     "umprov_container_limits": (
         "bool",
         "raise the memlock and stack limits NCCL wants in umprov's containers (default true; "
