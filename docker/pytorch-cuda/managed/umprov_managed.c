@@ -8,6 +8,12 @@
  * Past the budget, an allocation is preferred on the host and mapped for the device (accessed
  * by): the GPU reads and writes it over PCIe rather than migrating pages back and forth.
  *
+ * Freed blocks are kept for the next allocation of the same size on the same stream (stream
+ * order makes that reuse safe, as in PyTorch's own caching allocator): a training loop asks
+ * for the same sizes every step, and cudaMallocManaged, the advice and cudaFree (which waits
+ * for the whole device) would otherwise cost more than the step. Kept blocks are given back
+ * when an allocation needs their room on the device, or with umprov_um_empty_cache.
+ *
  * No CUDA header or library at build time: the CUDA runtime's functions come from the
  * libcudart that torch loaded (umprov_managed.py passes them to umprov_um_init), so there is
  * one runtime and one context, and the same build serves CUDA 12 and 13 (whose advice and
@@ -40,54 +46,32 @@ static struct {
   int v13, ready;
   long long budget;  /* device bytes allocations may be placed in; < 0: set at the first one */
   long long reserve; /* device bytes kept free for others when the budget is set */
-  long long placed, spilled, peak_placed, peak_spilled, allocs, failures;
+  long long placed, spilled, peak_placed, peak_spilled, allocs, failures, reused;
 } um = {.budget = -1};
 static pthread_mutex_t um_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Which allocations were placed on the device: an open-addressed table of pointers. */
-static uintptr_t *slots;
-static size_t nslots, used;
+/* Live blocks (to know a freed block's placement) and kept ones, in two growable arrays. */
+typedef struct { void *ptr; long long size; void *stream; int on_device; } block;
+typedef struct { block *at; size_t n, cap; } blocks;
+static blocks live, kept;
+static long long kept_bytes;
 
-static size_t slot_of(uintptr_t key) {
-  size_t i = (size_t)((key >> 8) * 0x9E3779B97F4A7C15ull) & (nslots - 1);
-  while (slots[i] && slots[i] != key) i = (i + 1) & (nslots - 1);
-  return i;
-}
-
-static int remember(uintptr_t key) {
-  if (2 * (used + 1) > nslots) {
-    size_t old_n = nslots;
-    uintptr_t *old = slots;
-    nslots = old_n ? 2 * old_n : 4096;
-    slots = calloc(nslots, sizeof *slots);
-    if (!slots) { slots = old; nslots = old_n; return -1; }
-    used = 0;
-    for (size_t i = 0; i < old_n; i++)
-      if (old[i] > 1) { slots[slot_of(old[i])] = old[i]; used++; }
-    free(old);
+static int push(blocks *b, block x) {
+  if (b->n == b->cap) {
+    size_t cap = b->cap ? 2 * b->cap : 1024;
+    block *at = realloc(b->at, cap * sizeof *at);
+    if (!at) return -1;
+    b->at = at;
+    b->cap = cap;
   }
-  slots[slot_of(key)] = key;
-  used++;
+  b->at[b->n++] = x;
   return 0;
 }
 
-static int forget(uintptr_t key) {
-  if (!nslots) return 0;
-  size_t i = slot_of(key);
-  if (slots[i] != key) return 0;
-  /* backward-shift deletion keeps every probe chain whole */
-  size_t j = i;
-  for (;;) {
-    slots[i] = 0;
-    for (;;) {
-      j = (j + 1) & (nslots - 1);
-      if (!slots[j]) { used--; return 1; }
-      size_t home = (size_t)((slots[j] >> 8) * 0x9E3779B97F4A7C15ull) & (nslots - 1);
-      if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) break;
-    }
-    slots[i] = slots[j];
-    i = j;
-  }
+static block take(blocks *b, size_t i) { /* order is not kept: the last fills the hole */
+  block x = b->at[i];
+  b->at[i] = b->at[--b->n];
+  return x;
 }
 
 static int advise(void *p, size_t n, int advice, int host, int device) {
@@ -122,18 +106,57 @@ int umprov_um_init(void *malloc_managed, void *free_, void *mem_get_info, void *
   return 0;
 }
 
+/* Give back every kept block (on the device only, or all); called with um_lock held. */
+static void release_kept(int device_only) {
+  for (size_t i = kept.n; i-- > 0;) {
+    if (device_only && !kept.at[i].on_device) continue;
+    block x = take(&kept, i);
+    kept_bytes -= x.size;
+    if (x.on_device) um.placed -= x.size;
+    else um.spilled -= x.size;
+    um.free_(x.ptr);
+  }
+}
+
 void *umprov_um_malloc(ssize_t size, int device, void *stream) {
-  void *p = NULL;
-  if (!um.ready || size <= 0 || um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0)
-    return NULL;
+  if (!um.ready || size <= 0) return NULL;
   pthread_mutex_lock(&um_lock);
+  for (size_t i = kept.n; i-- > 0;) {
+    if (kept.at[i].size == size && kept.at[i].stream == stream) {
+      block x = take(&kept, i);
+      kept_bytes -= x.size;
+      if (push(&live, x) == 0) {
+        um.reused++;
+        pthread_mutex_unlock(&um_lock);
+        return x.ptr;
+      }
+      um.free_(x.ptr); /* no room to track it: give it back */
+      if (x.on_device) um.placed -= x.size;
+      else um.spilled -= x.size;
+      break;
+    }
+  }
   if (um.budget < 0) {
     size_t free_b = 0, total = 0;
     um.budget = um.mem_get_info(&free_b, &total) == 0 && (long long)free_b > um.reserve
                     ? (long long)free_b - um.reserve : 0;
   }
-  int on_device = um.placed + size <= um.budget && remember((uintptr_t)p) == 0;
-  if (on_device) {
+  if (um.placed + size > um.budget) release_kept(1); /* make room before spilling */
+  void *p = NULL;
+  if (um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
+    release_kept(0); /* out of memory: give back everything kept, then try once more */
+    if (um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
+      pthread_mutex_unlock(&um_lock);
+      return NULL;
+    }
+  }
+  block x = {p, size, stream, um.placed + size <= um.budget};
+  if (push(&live, x) != 0) {
+    um.free_(p);
+    pthread_mutex_unlock(&um_lock);
+    return NULL;
+  }
+  if (x.on_device) {
     um.placed += size;
     if (um.placed > um.peak_placed) um.peak_placed = um.placed;
   } else {
@@ -143,7 +166,7 @@ void *umprov_um_malloc(ssize_t size, int device, void *stream) {
   um.allocs++;
   pthread_mutex_unlock(&um_lock);
   int rc;
-  if (on_device)
+  if (x.on_device)
     rc = advise(p, (size_t)size, ADVISE_PREFERRED, 0, device) |
          prefetch(p, (size_t)size, device, stream);
   else
@@ -155,20 +178,38 @@ void *umprov_um_malloc(ssize_t size, int device, void *stream) {
 
 void umprov_um_free(void *ptr, ssize_t size, int device, void *stream) {
   (void)device;
-  (void)stream;
+  (void)size;
   if (!ptr) return;
   pthread_mutex_lock(&um_lock);
-  if (forget((uintptr_t)ptr)) um.placed -= size;
-  else um.spilled -= size;
+  for (size_t i = live.n; i-- > 0;) {
+    if (live.at[i].ptr == ptr) {
+      block x = take(&live, i);
+      x.stream = stream; /* the stream it was last used on: reuse stays in its order */
+      if (push(&kept, x) == 0) kept_bytes += x.size;
+      else {
+        if (x.on_device) um.placed -= x.size;
+        else um.spilled -= x.size;
+        um.free_(ptr);
+      }
+      break;
+    }
+  }
   pthread_mutex_unlock(&um_lock);
-  um.free_(ptr); /* cudaFree synchronises the device: nothing still uses ptr */
 }
 
-/* budget, placed, spilled, peak_placed, peak_spilled, allocs, failed advice calls */
-void umprov_um_stats(long long out[7]) {
+/* Give back every kept block (torch.cuda.empty_cache has no say over this allocator). */
+void umprov_um_empty_cache(void) {
   pthread_mutex_lock(&um_lock);
-  long long s[7] = {um.budget, um.placed, um.spilled, um.peak_placed, um.peak_spilled,
-                    um.allocs, um.failures};
+  release_kept(0);
+  pthread_mutex_unlock(&um_lock);
+}
+
+/* budget, placed, spilled, peak_placed, peak_spilled, allocs, failed advice calls, reused
+ * blocks, bytes kept for reuse (placed and spilled include them) */
+void umprov_um_stats(long long out[9]) {
+  pthread_mutex_lock(&um_lock);
+  long long s[9] = {um.budget, um.placed, um.spilled, um.peak_placed, um.peak_spilled,
+                    um.allocs, um.failures, um.reused, kept_bytes};
   memcpy(out, s, sizeof s);
   pthread_mutex_unlock(&um_lock);
 }

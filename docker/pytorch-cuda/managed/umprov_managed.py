@@ -26,7 +26,7 @@ from typing import Any
 LIBRARY = Path(os.environ.get("UMPROV_MANAGED_LIBRARY",
                               str(Path(__file__).with_name("libumprov_managed.so"))))
 STATS = ("budget", "placed", "spilled", "peak_placed", "peak_spilled", "allocations",
-         "failed_advice")
+         "failed_advice", "reused", "kept")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -82,9 +82,15 @@ def enable(budget: int | None = None, reserve: int | None = None) -> None:
     torch.cuda.memory.change_current_allocator(allocator)
 
 
+def empty_cache() -> None:
+    """Give back the blocks the allocator keeps for reuse (torch.cuda.empty_cache does not)."""
+    ctypes.CDLL(str(LIBRARY)).umprov_um_empty_cache()
+
+
 def stats() -> dict[str, int]:
     """What the allocator placed: its budget, bytes on the device and on the host (now and at
-    their peak), allocations, advice calls the driver refused."""
+    their peak, blocks kept for reuse included), allocations made and served from kept blocks,
+    advice calls the driver refused, bytes kept."""
     lib = ctypes.CDLL(str(LIBRARY))
     out = (ctypes.c_longlong * len(STATS))()
     lib.umprov_um_stats(out)
