@@ -52,6 +52,8 @@ CONTEXT_FILES = (
     "jupyter_server_config.py",
     "sshd_config",
     "user-setup.sh",
+    "managed/umprov_managed.c",  # the managed-memory allocator (docs/managed-memory.md)
+    "managed/umprov_managed.py",
 )
 
 
@@ -208,6 +210,7 @@ def prepare_context(
     context = context or state_dir() / "image-context"
     context.mkdir(parents=True, exist_ok=True)
     for name in CONTEXT_FILES:
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / name, context / name)
     find_links: list[Path] = []
     if torch_wheel is not None:
@@ -235,10 +238,12 @@ def build(
     tag: str,
     torch_wheel: Path | None = None,
     python: str | None = None,
+    managed_allocator: bool = True,
     progress: Progress = quiet,
 ) -> BuildResult:
     """Prepare the context and build the image with the docker SDK on ``client``'s engine;
-    ``torch_wheel``: torch installed from that wheel, for a base that has none."""
+    ``torch_wheel``: torch installed from that wheel, for a base that has none;
+    ``managed_allocator``: build umprov's managed-memory allocator into it (gcc in a stage)."""
     from docker.errors import APIError
 
     started = time.monotonic()
@@ -258,7 +263,8 @@ def build(
         stream = client.api.build(
             path=str(context),
             tag=tag,
-            buildargs={"BASE_IMAGE": base},
+            buildargs={"BASE_IMAGE": base,
+                       "UMPROV_MANAGED_ALLOCATOR": "1" if managed_allocator else "0"},
             labels={"org.umprov.version": __version__, "org.umprov.base": base},
             rm=True,
             forcerm=True,

@@ -36,5 +36,8 @@ def build(
     else:
         progress(f"torch from {wheel}")
     base, _built = ensure_host_image(client, progress)
+    # No managed-memory allocator: the lab has no GPU or CUDA to run it on, and leaving it out
+    # keeps a compiler (gcc from Debian's mirror) out of every lab image build. Its logic is
+    # tested here by tests/unit/test_managed_allocator.py, on a GPU by tests/gpu.
     return image.build(client, base=base, tag=tag or LAB_TAG, torch_wheel=wheel,
-                       progress=progress)
+                       managed_allocator=False, progress=progress)
