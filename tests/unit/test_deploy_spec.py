@@ -253,3 +253,19 @@ def test_key_paths_given_relative_are_stored_absolute(tmp_path, monkeypatch):
 
     host = FakeHost(known_hosts="lab/known_hosts")
     assert known_hosts_files(host)[0] == tmp_path / "lab" / "known_hosts"
+
+
+def test_managed_memory_is_in_the_spec_only_when_asked():
+    """--managed-memory (or umprov_managed_memory) sets UMPROV_MANAGED_MEMORY=1, so switching it
+    replaces the container; off, the spec (and its hash) is what it always was."""
+    host = FakeHost(vars={"umprov_managed_memory": True})
+    on = options.settings_for(host, options.DeployOptions())
+    off = options.settings_for(host, options.DeployOptions(managed_memory=False))
+    assert on.managed_memory and not off.managed_memory
+    spec_on = specs.container_spec(on, "sha256:x", KEY)
+    spec_off = specs.container_spec(off, "sha256:x", KEY)
+    assert spec_on["environment"]["UMPROV_MANAGED_MEMORY"] == "1"
+    assert "UMPROV_MANAGED_MEMORY" not in spec_off["environment"]
+    assert specs.spec_hash(spec_on) != specs.spec_hash(spec_off)
+    default = options.settings_for(FakeHost(), options.DeployOptions())
+    assert not default.managed_memory
