@@ -18,9 +18,9 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from .gpu import seconds_per_call, share_of, skip_reason
+from .gpu import share_of, skip_reason
 from .profiles import select_profile
-from .runner import GiB, MiB
+from .runner import GiB, MiB, seconds_per_call
 from .schema import figure, record
 
 if TYPE_CHECKING:

@@ -11,7 +11,16 @@ from .health import gpu_health
 from .managed import ManagedTests
 from .nvml import Nvml
 from .profiles import select_profile
-from .runner import Emitter, GiB, HostLinkLock, MiB, device_lock, guarded, wait_for_gate
+from .runner import (
+    Emitter,
+    GiB,
+    HostLinkLock,
+    MiB,
+    device_lock,
+    guarded,
+    seconds_per_call,
+    wait_for_gate,
+)
 from .schema import figure, record
 
 HEADROOM = 256 * MiB  # left free beside a check's buffers (cuBLAS workspace, other children)
@@ -30,24 +39,6 @@ def skip_reason(nbytes: int, free: int) -> str | None:
         return None
     return (f"skipped: needs {max(nbytes, MIN_BYTES) // MiB} MiB and {HEADROOM // MiB} MiB "
             f"to spare, {free // MiB} MiB free on this GPU")
-
-
-def seconds_per_call(torch: Any, fn: Any, iters: int, warmup: int = 1,
-                     during: Any = None) -> float:
-    """Seconds per call of fn on the current stream, by CUDA events, the device idle before
-    the first timed call; ``during`` (if given) runs on the CPU while the calls are in flight."""
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    if during is not None:
-        during()
-    end.synchronize()
-    return start.elapsed_time(end) / 1000.0 / iters
 
 
 class GpuChild:
@@ -180,19 +171,14 @@ class GpuChild:
         out = torch.empty_like(first)
         for _ in range(3):
             torch.mm(a, b, out=out)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with HostLinkLock(self.dev_lock):
-            start.record()
-            for _ in range(iters):
-                torch.mm(a, b, out=out)
-            end.record()
-            # NVML while the burst runs: link state, throttle reasons, clocks, temperature.
+        def sample_during() -> None:  # NVML while the burst runs: link, throttle, clocks
             for _ in range(3):
                 time.sleep(0.02)
                 self.sample()
-            end.synchronize()
-        secs = start.elapsed_time(end) / 1000.0
+
+        with HostLinkLock(self.dev_lock):
+            secs = iters * seconds_per_call(torch, lambda: torch.mm(a, b, out=out), iters,
+                                            warmup=0, during=sample_during)
         tflops = 2 * size**3 * iters / secs / 1e12
         self.figures["bf16_tflops"] = tflops
         self.fig("gpu.gemm_bf16_rate", tflops, "bf16_tflops", judged=not self.quick,

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .cudart import CPU_DEVICE_ID, CudaRt, DevArray
-from .runner import HostLinkLock, MiB
+from .runner import HostLinkLock, MiB, seconds_per_call
 
 if TYPE_CHECKING:
     from .gpu import GpuChild
@@ -111,23 +111,12 @@ class ManagedTests:
 
     def _gpu_read(self) -> tuple[float, int]:
         """(GB/s of one timed GPU pass reading the whole buffer, exact int sum of a second)."""
-        torch = self.torch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        self.gf.sum()
-        end.record()
-        end.synchronize()
-        return self.n / (start.elapsed_time(end) / 1000) / 1e9, int(self.g.sum().item())
+        secs = self._timed(self.gf.sum)
+        return self.n / secs / 1e9, int(self.g.sum().item())
 
     def _timed(self, fn: Any) -> float:
-        torch = self.torch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000
+        """Seconds of one call (a migration must be timed once: a second finds it done)."""
+        return seconds_per_call(self.torch, fn, 1, warmup=0)
 
     def roundtrip(self) -> None:
         gc, torch = self.gc, self.torch

@@ -375,3 +375,22 @@ def wait_all(children: list[Child], groups: list[list[Child]] | None = None,
         if not pending:
             return
         time.sleep(0.05)
+
+
+def seconds_per_call(torch: Any, fn: Any, iters: int, warmup: int = 1,
+                     during: Any = None) -> float:
+    """Seconds per call of fn on the current stream, by CUDA events, the device idle before
+    the first timed call; ``during`` (if given) runs on the CPU while the calls are in flight.
+    The one CUDA-event timer of the agent's checks (gpu, managed, burnin)."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    if during is not None:
+        during()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0 / iters
