@@ -74,6 +74,30 @@ def test_a_process_holding_most_memory_warns_and_fails_under_exclusive(agent, tm
     assert not [r for r in doc["records"] if r["reason"] in ("crash", "timeout")], problems(doc)
 
 
+def test_a_gpu_another_process_filled_is_busy_not_broken(agent, tmp_path):
+    """Another process leaves about 0.6 GiB free (#28: gpu.init and nccl.init crashed with
+    torch's CUBLAS/DSA text): the checks that cannot get memory are skipped, saying so and
+    naming the process; the verdict is gpu.processes' (warn; fail with --exclusive)."""
+    import torch
+
+    free = torch.cuda.mem_get_info(0)[0]
+    hog = start_hog("memory", f"{1 - 0.6 * (1 << 30) / free:.6f}")
+    try:
+        rc, doc, _ = run_agent(agent, tmp_path, name="memory-full")
+        rc_x, doc_x, _ = run_agent(agent, tmp_path, "--exclusive", name="memory-full-excl")
+    finally:
+        hog.kill()
+        hog.wait(timeout=60)
+    assert not [r for r in doc["records"] if r["reason"] in ("crash", "timeout")], problems(doc)
+    texts = " ".join(r["detail"] or "" for r in doc["records"])
+    assert "TORCH_USE_CUDA_DSA" not in texts and "Search for" not in texts
+    short = [r for r in doc["records"] if r["verdict"] == "skip"
+             and "out of GPU memory" in (r["detail"] or "")]
+    assert short and all(hog_named(r, hog) for r in short), problems(doc)
+    assert doc["verdict"] == "warn" and rc == EXIT_WARN, problems(doc)
+    assert doc_x["verdict"] == "fail" and rc_x == EXIT_FAIL, problems(doc_x)
+
+
 def test_a_process_computing_meanwhile_fails_throughput_and_is_named(agent, tmp_path,
                                                                      matmul_hog):
     rc, doc, _ = run_agent(agent, tmp_path, name="matmul-hog")

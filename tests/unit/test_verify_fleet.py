@@ -101,7 +101,7 @@ def test_a_throughput_figure_that_fell_short_names_the_other_process(fake_nvml):
             record("gpu", "gpu0", "gpu.hbm_copy", "pass", measured=4000.0, unit="GB/s"),
             record("host", "host", "nccl.busbw_1g", "warn", measured=200.0, unit="GB/s"),
             record("gpu", "gpu0", "ecc.row_remap_pending", "warn", measured=True)]
-    processes.annotate_throughput(recs, found)
+    processes.name_other_processes(recs, found)
     named = [r["check"] for r in recs if "pid 4242424" in r["detail"]]
     assert named == ["gpu.gemm_bf16_rate", "nccl.busbw_1g"]
 

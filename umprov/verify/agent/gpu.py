@@ -18,6 +18,8 @@ from .runner import (
     MiB,
     device_lock,
     guarded,
+    oom_skip,
+    out_of_memory,
     seconds_per_call,
     wait_for_gate,
 )
@@ -255,6 +257,14 @@ def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
         return
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     em.event("mark", what="cuda init")
-    GpuChild(em, dev, opts).run()
+    try:
+        child = GpuChild(em, dev, opts)
+    except Exception as exc:  # no CUDA context or first buffer: a busy GPU, not a broken one
+        if not out_of_memory(exc):
+            raise
+        em.record(oom_skip("gpu", f"gpu{dev}", "gpu.init", exc, "for CUDA to start on it"))
+        em.done()
+        return
+    child.run()
 
 

@@ -30,7 +30,7 @@ from .health import host_health, nvlink_active
 from .monitor import found_xids, monitor_records, new_xids
 from .pairs import pair_records
 from .precheck import guess_gpu_count, no_gpu_reasons, precheck
-from .processes import annotate_throughput
+from .processes import name_other_processes
 from .profiles import profiles_for, select_profile
 from .runner import Child, child_env, open_gate, self_command, wait_all
 from .samples import by_gpu, progress_line
@@ -265,7 +265,7 @@ class Agent:
             profile_of=profile_of, window=window, origin=self.origin, record=record,
             ours=frozenset(self.pids))
         self.records += recs
-        annotate_throughput(self.records, foreign)
+        name_other_processes(self.records, foreign)
 
     def _collect_all(self, pre: dict, found: dict, devices: list[dict], disc_child: Child,
                      gpu_children: dict[int, Child], ranks: list[Child]) -> None:

@@ -22,7 +22,7 @@ from .busbw import bus_bandwidth
 from .ddp import ddp_prepare, ddp_step
 from .pairs import send_recv_pairs
 from .profiles import select_profile
-from .runner import Emitter, MiB, wait_for_gate
+from .runner import Emitter, MiB, oom_skip, out_of_memory, wait_for_gate
 from .schema import record
 
 
@@ -134,7 +134,14 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up
     # while the per-GPU checks run: they move no data. Collectives wait for the gate.
     em.event("mark", what="process group, NCCL communicator")
-    init_s = r.join()
+    try:
+        init_s = r.join()
+    except Exception as exc:  # a GPU another process fills: busy, not broken
+        if not out_of_memory(exc):
+            raise
+        em.record(oom_skip("host", "host", "nccl.init", exc, "for NCCL's communicator"))
+        em.done()
+        return
     # Quick mode leaves the DDP step out (its set-up alone costs seconds).
     if not r.quick:
         em.event("mark", what="DDP model")

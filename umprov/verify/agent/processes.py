@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .libnvml import NvmlError
+from .runner import OUT_OF_MEMORY
 from .xid import pci_key
 
 if TYPE_CHECKING:
@@ -90,13 +91,21 @@ def process_records(start: dict | None, end: dict | None, devices: list[dict],
     return out
 
 
-def annotate_throughput(records: list[dict], found: dict[str, list[dict]] | None) -> None:
-    """Name the other processes in every throughput figure that warns or fails."""
+def name_other_processes(records: list[dict], found: dict[str, list[dict]] | None) -> None:
+    """Name the other processes in every throughput figure that warns or fails, and in every
+    check skipped because the GPU's memory was taken (a busy GPU, not a broken one)."""
     busy = {tgt: procs for tgt, procs in (found or {}).items() if procs}
     if not busy:
         return
     for r in records:
-        if r["verdict"] not in ("warn", "fail") or r["unit"] not in THROUGHPUT_UNITS:
+        short = r["verdict"] == "skip" and OUT_OF_MEMORY in (r["detail"] or "")
+        if not short and (r["verdict"] not in ("warn", "fail") or r["unit"] not in
+                          THROUGHPUT_UNITS):
+            continue
+        if short:
+            tgts = [r["target"]] if r["target"] in busy else sorted(busy)
+            r["detail"] += "; the memory is held by " + "; ".join(
+                f"{t}: " + ", ".join(describe(p) for p in busy[t]) for t in tgts)
             continue
         if r["scope"] == "host":
             tgts = sorted(busy)

@@ -73,14 +73,24 @@ class Emitter:
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc)
+    """An error that says the GPU had no memory for it: torch's, CUDA's, cuBLAS's or NCCL's."""
+    text = str(exc)
+    return (type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower()
+            or "ALLOC_FAILED" in text)
 
 
-def oom_skip(scope: str, target: str, check: str, exc: BaseException) -> dict:
-    """Out of GPU memory: another process may hold it (gpu.processes names it), so the check
-    is skipped, saying so, not failed."""
-    text = f"{type(exc).__name__}: {exc}".split(". ")[0]
-    return record(scope, target, check, "skip", detail=f"skipped: out of GPU memory: {text}"[:400])
+OUT_OF_MEMORY = "out of GPU memory"  # in a skip's detail: processes.annotate names the holder
+
+
+def oom_skip(scope: str, target: str, check: str, exc: BaseException | None = None,
+             what: str = "") -> dict:
+    """Out of GPU memory: another process may hold it (the parent names it from
+    gpu.processes), so the check is skipped, saying so, not failed; torch's own text (search
+    hints, device-side assertion advice) stays out."""
+    said = str(exc).strip().splitlines()[0][:120] if exc is not None else ""
+    return record(scope, target, check, "skip",
+                  detail=f"skipped: {OUT_OF_MEMORY}{' ' + what if what else ''}"
+                  f"{f' ({said})' if said else ''}")
 
 
 def guarded(em: Emitter, scope: str, target: str, check: str, fn: Any, *args: Any) -> Any:
