@@ -136,16 +136,16 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     em.event("mark", what="process group, NCCL communicator")
     try:
         init_s = r.join()
+        # Quick mode leaves the DDP step out (its set-up alone costs seconds).
+        if not r.quick:
+            em.event("mark", what="DDP model")
+        ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
     except Exception as exc:  # a GPU another process fills: busy, not broken
         if not out_of_memory(exc):
             raise
         em.record(oom_skip("host", "host", "nccl.init", exc, "for NCCL's communicator"))
         em.done()
         return
-    # Quick mode leaves the DDP step out (its set-up alone costs seconds).
-    if not r.quick:
-        em.event("mark", what="DDP model")
-    ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
     gate = opts.get("gate")
     if gate and not r.quick:
         em.start("nccl.wait_for_gpu_checks", "host")

@@ -72,11 +72,16 @@ class Emitter:
         self._write({"ev": "done"})
 
 
+# How cuBLAS, CUDA and NCCL say it when torch passes their errors on.
+_NO_MEMORY = ("ALLOC_FAILED", "cudaErrorMemoryAllocation", "Failed to CUDA calloc",
+              "Failed to CUDA malloc")
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """An error that says the GPU had no memory for it: torch's, CUDA's, cuBLAS's or NCCL's."""
     text = str(exc)
     return (type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower()
-            or "ALLOC_FAILED" in text)
+            or any(said in text for said in _NO_MEMORY))
 
 
 OUT_OF_MEMORY = "out of GPU memory"  # in a skip's detail: processes.annotate names the holder
