@@ -44,12 +44,17 @@ def project_dir() -> Path:
 
 
 def content_dir() -> Path:
-    """The folder holding ansible.cfg, playbooks/, roles/ and docker/pytorch-cuda/: the
-    project's own when it has umprov's (a clone or a fork), else those installed with umprov
-    (a wheel's umprov/_content/, or the checkout of an editable install).
+    """The folder holding ansible.cfg, playbooks/, roles/ and docker/pytorch-cuda/: the one
+    UMPROV_PROJECT_DIR names when it has a playbooks/site.yml (asked for by name); else the
+    project's own when it has umprov's (a clone or a fork: an unrelated Ansible repository
+    found from the working directory does not count); else those installed with umprov (a
+    wheel's umprov/_content/, or the checkout of an editable install).
 
     EnvironmentProblem, naming where it looked, when none has them.
     """
+    named = os.environ.get("UMPROV_PROJECT_DIR")
+    if named and (Path(named) / "playbooks" / "site.yml").is_file():
+        return Path(named).resolve()
     candidates = (project_dir(), PACKAGE_DIR / CONTENT, PACKAGE_DIR.parent)
     for candidate in candidates:
         if _holds_content(candidate):

@@ -64,6 +64,16 @@ def test_an_ansible_project_of_the_users_own_does_not_replace_umprovs_playbooks(
     assert paths.project_dir() == theirs and paths.content_dir() == carried
 
 
+def test_a_project_named_by_umprov_project_dir_runs_its_own_playbooks(installed, tmp_path,
+                                                                      monkeypatch):
+    content(installed / paths.CONTENT)
+    ours = tmp_path / "site"
+    (ours / "playbooks").mkdir(parents=True)
+    (ours / "playbooks" / "site.yml").write_text("---\n")
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(ours))
+    assert paths.content_dir() == ours
+
+
 def test_an_editable_install_reads_its_clone():
     assert paths.content_dir() == REPO == paths.PACKAGE_DIR.parent
 
