@@ -86,6 +86,12 @@ def test_each_hosts_tunnel_has_its_own_local_port_kept_across_deploys(umprov_cli
                               "key_file": None, "known_hosts": None, "vars": {}})()
         return state.record_connection(host, settings, "umprov", None)["tunnel_port"]
 
+    # A record an older umprov wrote (no tunnel port) is no obstacle (make demo failed on it).
+    import json
+
+    from umprov.paths import write_atomic
+
+    write_atomic(state.connection_path("gpu0"), json.dumps({"host": "gpu0"}), 0o600)
     ports = {name: record(name) for name in ("gpu1", "gpu2", "gpu3")}
     assert sorted(ports.values()) == [18888, 18889, 18890]
     assert record("gpu2") == ports["gpu2"] and record("gpu1") == ports["gpu1"]

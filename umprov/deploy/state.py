@@ -212,7 +212,8 @@ def tunnel_port(host_name: str) -> int:
     with _TUNNEL_LOCK:
         taken: dict[str, int] = {}
         for path in connection_path(host_name).parent.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            # A record of an older umprov has no tunnel port; an unreadable one holds none.
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
                 record = json.loads(path.read_text())
                 taken[str(record["host"])] = int(record["tunnel_port"])
         if host_name in taken:
