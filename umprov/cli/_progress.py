@@ -77,12 +77,17 @@ class ProvisionProgress:
 
 
 class HostProgress:
-    """Per-host progress on stderr: a live rich table on a TTY, throttled lines otherwise."""
+    """Per-host progress on stderr: a live rich table on a TTY, throttled lines otherwise.
+
+    Lines are written under the lock, and leaving the ``with`` block closes the sink under it:
+    a worker thread that reports while an interrupt unwinds can never print after the CLI's
+    last line ("umprov: terminated (SIGTERM)")."""
 
     def __init__(self, hosts: list[str]) -> None:
         self.hosts = hosts
         self.state = dict.fromkeys(hosts, "waiting")
         self.lock = threading.Lock()
+        self.closed = False
         self.last_line: dict[str, float] = {}
         self.live: Any = None
 
@@ -106,11 +111,15 @@ class HostProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(*exc)
+        with self.lock:
+            self.closed = True
+            if self.live is not None:
+                self.live.__exit__(*exc)
 
     def __call__(self, host: str, message: str) -> None:
         with self.lock:
+            if self.closed:
+                return
             self.state[host] = message
             if self.live is not None:
                 self.live.update(self._table())
@@ -120,4 +129,4 @@ class HostProgress:
             if "MB (" in message and now - self.last_line.get(host, 0.0) < 10:
                 return
             self.last_line[host] = now
-        say(f"{host}: {message}")
+            say(f"{host}: {message}")
