@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -88,7 +90,13 @@ def state_dir() -> Path:
     else:
         xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         base = Path(xdg) / "umprov"
-    return private_dir(base)
+    if base not in _PRIVATE_MADE or not base.is_dir():  # one stat a call once it was made
+        private_dir(base)
+        _PRIVATE_MADE.add(base)
+    return base
+
+
+_PRIVATE_MADE: set[Path] = set()
 
 
 def safe_name(name: str, what: str = "name") -> str:
@@ -114,6 +122,26 @@ def private_dir(path: Path) -> Path:
     if mode & 0o077:
         path.chmod(mode & 0o700)
     return path
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Serialise a read-modify-write of ``path`` across threads and processes (a flock on
+    .NAME.lock beside it; flock alone does not exclude threads of one process that open the
+    file twice)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with _THREAD_LOCKS_GUARD:
+        thread_lock = _THREAD_LOCKS.setdefault(str(path), threading.Lock())
+    with thread_lock, open(path.with_name(f".{path.name}.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def write_private(path: Path, data: str | bytes) -> None:

@@ -97,6 +97,32 @@ def test_each_hosts_tunnel_has_its_own_local_port_kept_across_deploys(umprov_cli
     assert record("gpu2") == ports["gpu2"] and record("gpu1") == ports["gpu1"]
 
 
+def test_tunnel_ports_come_from_one_index_built_once_from_older_records(umprov_cli):
+    """Records an older umprov wrote keep their ports (the index is built from them once);
+    `forget` (lab down) gives a port back; concurrent deploys never share one."""
+    import json
+    import threading
+
+    from umprov.deploy import state
+    from umprov.paths import write_atomic
+
+    write_atomic(state.connection_path("old"), json.dumps({"host": "old", "tunnel_port": 18888}))
+    assert state.tunnel_port("new") == 18889
+    assert json.loads(state.tunnel_ports_path().read_text()) == {"new": 18889, "old": 18888}
+    state.connection_path("old").unlink()  # the index, not the records, holds the ports now
+    assert state.tunnel_port("old") == 18888
+    state.forget("old")
+    assert state.tunnel_port("newer") == 18888
+    got: list[int] = []
+    threads = [threading.Thread(target=lambda i=i: got.append(state.tunnel_port(f"h{i}")))
+               for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(18890, 18906))
+
+
 def test_trust_needs_an_address_or_inventory(umprov_cli):
     result = umprov_cli("trust", "not an address")
     assert result.exit_code == 4

@@ -15,7 +15,6 @@ import contextlib
 import ipaddress
 import json
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from umprov.deploy.options import HostSettings
 from umprov.errors import ConfigError
 from umprov.hosts import HostLike, is_loopback
 from umprov.hosts.ssh import host_pattern, known_hosts_files, umprov_known_hosts
-from umprov.paths import private_dir, safe_name, state_file, write_atomic
+from umprov.paths import locked, private_dir, safe_name, state_dir, state_file, write_atomic
 
 
 def host_file(folder: str, host_name: str, suffix: str) -> Path:
@@ -63,7 +62,18 @@ def forget(host_name: str) -> list[Path]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
+    _forget_tunnel_port(host_name)
     return removed
+
+
+def _forget_tunnel_port(host_name: str) -> None:
+    path = tunnel_ports_path()
+    if not path.is_file():
+        return
+    with locked(path):
+        ports = _tunnel_ports(path)
+        if ports.pop(host_name, None) is not None:
+            write_atomic(path, json.dumps(ports, indent=1, sort_keys=True), 0o600)
 
 
 def container_alias(host_name: str) -> str:
@@ -201,25 +211,42 @@ def record_connection(
 
 
 # Local ports for the Jupyter tunnels `status --connect` prints: one per host, so that two
-# hosts' tunnels can be open at once; a host keeps its port across deploys.
+# hosts' tunnels can be open at once; a host keeps its port across deploys. One index file
+# holds them all (a deploy over n hosts reads it n times, not n records n times).
 TUNNEL_BASE = 18888
-_TUNNEL_LOCK = threading.Lock()  # deploy records its hosts in parallel threads
+
+
+def tunnel_ports_path() -> Path:
+    return state_dir() / "tunnel-ports.json"
 
 
 def tunnel_port(host_name: str) -> int:
     """The host's local tunnel port: the one on record, else the lowest free one from
-    TUNNEL_BASE that no other host's record holds."""
-    with _TUNNEL_LOCK:
-        taken: dict[str, int] = {}
-        for path in connection_path(host_name).parent.glob("*.json"):
-            # A record of an older umprov has no tunnel port; an unreadable one holds none.
-            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
-                record = json.loads(path.read_text())
-                taken[str(record["host"])] = int(record["tunnel_port"])
-        if host_name in taken:
-            return taken[host_name]
-        used = set(taken.values())
-        return next(p for p in range(TUNNEL_BASE, 65536) if p not in used)
+    TUNNEL_BASE that no other host holds."""
+    path = tunnel_ports_path()
+    with locked(path):
+        ports = _tunnel_ports(path)
+        if host_name not in ports:
+            used = set(ports.values())
+            ports[host_name] = next(p for p in range(TUNNEL_BASE, 65536) if p not in used)
+            write_atomic(path, json.dumps(ports, indent=1, sort_keys=True), 0o600)
+        return ports[host_name]
+
+
+def _tunnel_ports(path: Path) -> dict[str, int]:
+    """The index; the first time (or when it is unreadable), rebuilt from the connection
+    records, whose ports an older umprov wrote there."""
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            return {str(k): int(v) for k, v in data.items()}
+    ports: dict[str, int] = {}
+    for record_path in connection_path("x").parent.glob("*.json"):
+        # A record of an older umprov may have no tunnel port; an unreadable one holds none.
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
+            record = json.loads(record_path.read_text())
+            ports[str(record["host"])] = int(record["tunnel_port"])
+    return ports
 
 
 def load_connection(host_name: str) -> dict[str, Any] | None:

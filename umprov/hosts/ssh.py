@@ -19,28 +19,24 @@ connections.
 from __future__ import annotations
 
 import base64
-import contextlib
-import fcntl
 import getpass
 import hashlib
 import os
 import re
 import socket
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from umprov.errors import AuthFailed, ConfigError, TrustError, UmprovError, Unreachable
 from umprov.hosts import HostLike
-from umprov.paths import state_dir, write_private
+from umprov.paths import locked, state_dir, write_private
 
 if TYPE_CHECKING:
     import paramiko
 
 CONNECT_TIMEOUT = 15.0
-_file_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,19 +118,6 @@ def files_holding(pattern: str, files: Iterable[Path]) -> list[Path]:
     return found
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialise read-modify-write of a known_hosts file across threads and processes."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock_path = path.with_name(f".{path.name}.lock")
-    with _file_lock, open(lock_path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 # What a known_hosts name may hold: no space, comma, newline or "#" (which would end the name or
 # the line, or add another entry) and no wildcard or negation ("*", "?", "!": a pattern that
 # would match other hosts); "[name]:port" as OpenSSH writes a port other than 22.
@@ -151,7 +134,7 @@ def _entry(patterns: list[str], key: paramiko.PKey) -> str:
 def record_host_key(pattern: str, key: paramiko.PKey, path: Path | None = None) -> Path:
     """Add a trusted key for a host never seen before (refuses to overwrite a different key)."""
     path = path or umprov_known_hosts()
-    with _locked(path):
+    with locked(path):
         current = load_known_hosts([path])
         check = check_key(current, pattern, key)
         if check.state == "known":
@@ -197,7 +180,7 @@ def pin_host_key(patterns: list[str], key_line: str, path: Path | None = None) -
     except (ValueError, paramiko.SSHException) as exc:
         raise UmprovError(f"not an SSH public key ({exc})") from None
     wanted = set(patterns)
-    with _locked(path):
+    with locked(path):
         kept = []
         if path.exists():
             for line in path.read_text().splitlines():
