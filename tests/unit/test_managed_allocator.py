@@ -145,6 +145,31 @@ def test_kept_device_blocks_make_room_before_anything_spills(library, tmp_path):
     assert ("free", new) in rt.calls and stats(lib)["placed"] == 0
 
 
+def test_thousands_of_live_blocks_are_found_again_whatever_the_order_of_frees(library,
+                                                                             tmp_path):
+    """Live blocks sit in a hash table (the table grows and its probe chains shift back on
+    every free): each of 3,000 blocks freed in a shuffled order is found, kept and given back
+    exactly once; a pointer the allocator never gave is ignored."""
+    import random
+
+    lib, rt = allocator(library, tmp_path, free_bytes=1 << 40, reserve=0)
+    sizes = {lib.umprov_um_malloc(64 + i, 0, None): 64 + i for i in range(3000)}
+    assert len(sizes) == 3000 and None not in sizes
+    order = list(sizes)
+    random.Random(5).shuffle(order)
+    for ptr in order[:1500]:
+        lib.umprov_um_free(ptr, sizes[ptr], 0, None)
+    lib.umprov_um_free(12345, 8, 0, None)  # not ours
+    assert stats(lib)["kept"] == sum(sizes[p] for p in order[:1500])
+    for ptr in order[1500:]:
+        lib.umprov_um_free(ptr, sizes[ptr], 0, None)
+    lib.umprov_um_empty_cache()
+    freed = [c[1] for c in rt.calls if c[0] == "free"]
+    assert sorted(freed) == sorted(sizes) and 12345 not in freed
+    s = stats(lib)
+    assert (s["placed"], s["spilled"], s["kept"]) == (0, 0, 0)
+
+
 def test_the_python_side_reads_sizes_as_people_write_them():
     sys.path.insert(0, str(MANAGED))
     from umprov_managed import size_of

@@ -50,11 +50,62 @@ static struct {
 } um = {.budget = -1};
 static pthread_mutex_t um_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Live blocks (to know a freed block's placement) and kept ones, in two growable arrays. */
+/* Live blocks, by address (to know a freed block's placement: a hash table, as a model holds
+ * thousands of tensors), and kept ones (a growable array). */
 typedef struct { void *ptr; long long size; void *stream; int on_device; } block;
 typedef struct { block *at; size_t n, cap; } blocks;
-static blocks live, kept;
+static blocks live, kept; /* live: open addressing, cap a power of two, ptr NULL is empty */
 static long long kept_bytes;
+
+static size_t slot_of(const void *p, size_t cap) {
+  uint64_t h = (uint64_t)(uintptr_t)p; /* fmix64: allocations are aligned, the low bits alike */
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return (size_t)h & (cap - 1);
+}
+
+static void put_at(block *at, size_t cap, block x) {
+  size_t i = slot_of(x.ptr, cap);
+  while (at[i].ptr) i = (i + 1) & (cap - 1);
+  at[i] = x;
+}
+
+static int live_put(block x) { /* kept at most half full */
+  if ((live.n + 1) * 2 > live.cap) {
+    size_t cap = live.cap ? 2 * live.cap : 1024;
+    block *at = calloc(cap, sizeof *at);
+    if (!at) return -1;
+    for (size_t i = 0; i < live.cap; i++)
+      if (live.at[i].ptr) put_at(at, cap, live.at[i]);
+    free(live.at);
+    live.at = at;
+    live.cap = cap;
+  }
+  put_at(live.at, live.cap, x);
+  live.n++;
+  return 0;
+}
+
+static int live_take(const void *p, block *out) { /* deletion shifts the probe chain back */
+  if (!live.cap) return -1;
+  size_t mask = live.cap - 1, i = slot_of(p, live.cap);
+  while (live.at[i].ptr != p) {
+    if (!live.at[i].ptr) return -1;
+    i = (i + 1) & mask;
+  }
+  *out = live.at[i];
+  for (size_t j = (i + 1) & mask; live.at[j].ptr; j = (j + 1) & mask) {
+    size_t home = slot_of(live.at[j].ptr, live.cap);
+    if (((j - home) & mask) >= ((j - i) & mask)) { /* home is not between i and j */
+      live.at[i] = live.at[j];
+      i = j;
+    }
+  }
+  live.at[i].ptr = NULL;
+  live.n--;
+  return 0;
+}
 
 static int push(blocks *b, block x) {
   if (b->n == b->cap) {
@@ -125,7 +176,7 @@ void *umprov_um_malloc(ssize_t size, int device, void *stream) {
     if (kept.at[i].size == size && kept.at[i].stream == stream) {
       block x = take(&kept, i);
       kept_bytes -= x.size;
-      if (push(&live, x) == 0) {
+      if (live_put(x) == 0) {
         um.reused++;
         pthread_mutex_unlock(&um_lock);
         return x.ptr;
@@ -151,7 +202,7 @@ void *umprov_um_malloc(ssize_t size, int device, void *stream) {
     }
   }
   block x = {p, size, stream, um.placed + size <= um.budget};
-  if (push(&live, x) != 0) {
+  if (live_put(x) != 0) {
     um.free_(p);
     pthread_mutex_unlock(&um_lock);
     return NULL;
@@ -181,17 +232,14 @@ void umprov_um_free(void *ptr, ssize_t size, int device, void *stream) {
   (void)size;
   if (!ptr) return;
   pthread_mutex_lock(&um_lock);
-  for (size_t i = live.n; i-- > 0;) {
-    if (live.at[i].ptr == ptr) {
-      block x = take(&live, i);
-      x.stream = stream; /* the stream it was last used on: reuse stays in its order */
-      if (push(&kept, x) == 0) kept_bytes += x.size;
-      else {
-        if (x.on_device) um.placed -= x.size;
-        else um.spilled -= x.size;
-        um.free_(ptr);
-      }
-      break;
+  block x;
+  if (live_take(ptr, &x) == 0) {
+    x.stream = stream; /* the stream it was last used on: reuse stays in its order */
+    if (push(&kept, x) == 0) kept_bytes += x.size;
+    else {
+      if (x.on_device) um.placed -= x.size;
+      else um.spilled -= x.size;
+      um.free_(ptr);
     }
   }
   pthread_mutex_unlock(&um_lock);
