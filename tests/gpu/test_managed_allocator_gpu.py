@@ -57,6 +57,33 @@ def test_the_environment_switch_enables_it_at_torchs_import(tmp_path):
         "allocations"] == 0, off.stderr[-2000:]
 
 
+def test_the_agent_proves_a_step_past_its_device_budget(agent, tmp_path, gpu_count):
+    """managed.oversubscription in a full run, with the allocator on the agent's path as in
+    umprov's image: every GPU's step completes, its layers on the host and on the GPU end
+    bit-identical, and the step is within the warn limit of its PCIe floor."""
+    library = tmp_path / "libumprov_managed.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library),
+                    str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+    path = os.pathsep.join(p for p in (str(MANAGED), os.environ.get("PYTHONPATH")) if p)
+    out = tmp_path / "oversub.json"
+    env = {**os.environ, **NVLS_OFF, "PYTHONPATH": path, "UMPROV_MANAGED_LIBRARY": str(library),
+           "UMPROV_MANAGED_MEMORY": "1"}  # a --managed-memory container: ignored by the others
+    proc = subprocess.run([sys.executable, str(agent), "--json", str(out)], capture_output=True,
+                          text=True, timeout=600, env=env)
+    doc = json.loads(out.read_text())
+    recs = [r for r in doc["records"] if r["check"] == "managed.oversubscription"]
+    assert len(recs) == gpu_count, proc.stderr[-2000:]
+    for rec in recs:
+        assert rec["verdict"] == "pass", rec
+        assert rec["unit"] == "x PCIe floor" and 0 < rec["measured"] <= 3.0, rec
+        facts = doc["facts"]["gpus"][rec["target"]][f"oversub_{rec['target']}"]
+        assert facts["layers_differing"] == 0 and facts["peak_spilled"] > 0, facts
+        assert facts["failed_advice"] == 0 and facts["budget"] == 256 << 20, facts
+    # the other checks ran on PyTorch's own allocator, as without the switch
+    assert doc["verdict"] == "pass", [r for r in doc["records"] if r["verdict"] != "pass"
+                                      and r["verdict"] != "skip"]
+
+
 @pytest.fixture(autouse=True)
 def _needs_gcc() -> None:
     import shutil

@@ -80,7 +80,11 @@ def test_every_check_passes_on_a_healthy_host(agent, tmp_path, gpu_count):
     assert by_check(doc, "nvlink.links")
     # where the time went: every child, and the parent's own phases
     children = {t["child"] for t in doc["timings"]}
-    assert {"agent", "monitor", "discover", "gpu0", "nccl0"} <= children, children
+    assert {"agent", "monitor", "discover", "gpu0", "nccl0", "oversub0"} <= children, children
+    # no umprov_managed on this Python's path: the oversubscription check says so
+    for rec in by_check(doc, "managed.oversubscription"):
+        assert rec["verdict"] == "skip" and "umprov_managed" in rec["detail"], rec
+    assert len(by_check(doc, "managed.oversubscription")) == gpu_count
     assert doc["samples"] and {s["gpu"] for s in doc["samples"]} == set(range(gpu_count))
 
 

@@ -103,7 +103,8 @@ def child_main(args: argparse.Namespace) -> int:
     with open(args.child_opts) as fh:
         opts = json.load(fh)
     kind = args.child
-    name = {"gpu": f"gpu{args.device}", "nccl": f"nccl{args.rank}"}.get(kind, kind)
+    name = {"gpu": f"gpu{args.device}", "nccl": f"nccl{args.rank}",
+            "oversub": f"oversub{args.device}"}.get(kind, kind)
     out = args.child_out
     if kind == "multinode":  # one file per rank: torchrun starts them all with the same argv
         out = f"{out}.{os.environ.get('RANK', '0')}"
@@ -117,6 +118,10 @@ def child_main(args: argparse.Namespace) -> int:
             from .gpu import child_gpu
 
             child_gpu(em, opts, int(args.device))
+        elif kind == "oversub":
+            from .oversub import child_oversub
+
+            child_oversub(em, opts, int(args.device))
         elif kind == "nccl":
             from .nccl import child_nccl
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from .health import host_health, nvlink_active
 from .monitor import found_xids, monitor_records, new_xids
+from .oversub import gate_path, open_oversub_gate
 from .pairs import pair_records
 from .precheck import guess_gpu_count, no_gpu_reasons, precheck
 from .processes import name_other_processes
@@ -56,6 +57,9 @@ class Agent:
         self.monitor: Child | None = None
         self.pids: set[int] = {os.getpid()}  # this run's processes (left out of gpu.processes)
         self.next_progress = 0.0
+        # managed.oversubscription's children, each waiting for its GPU's per-GPU child
+        self.oversub: dict[int, Child] = {}
+        self.oversub_after: dict[int, tuple[Child, Child]] = {}
         self.profiles, self.forced = profiles_for(args.profile_file, args.profile)
         self.profile = self.profiles["generic"]
 
@@ -123,6 +127,11 @@ class Agent:
                      child_env(threads=threads), self.timeout, self.workdir,
                      target=f"gpu{index}", check="gpu.init")
 
+    def _oversub_child(self, index: int, threads: int) -> Child:
+        return Child(f"oversub{index}", self.argv("oversub", "--device", str(index)),
+                     child_env(threads=threads), self.timeout * 2, self.workdir,
+                     target=f"gpu{index}", check="managed.oversubscription")
+
     def _run(self) -> None:
         self.facts["options"] = {"quick": self.quick, "timeout_s": self.timeout,
                                  "duration_s": self.duration, "exclusive": self.exclusive}
@@ -155,8 +164,14 @@ class Agent:
             return
         self.devices = devices
         ranks = self._fit(gpu_children, ranks, guess or 0, len(devices), threads, gate)
-        self._wait(disc_child, list(gpu_children.values()), ranks, gate)
+        # Full mode: one managed.oversubscription child per GPU, let in when its GPU's per-GPU
+        # child has ended (tick), before the collectives.
+        oversub = {} if self.quick else {i: self._oversub_child(i, threads)
+                                         for i in range(len(devices))}
+        self.oversub_after = {i: (c, gpu_children[i]) for i, c in oversub.items()}
+        self._wait(disc_child, [*gpu_children.values(), *oversub.values()], ranks, gate)
         self._end_monitor()
+        self.oversub = oversub
         self._collect_all(pre, found or {}, devices, disc_child, gpu_children, ranks)
 
     def _no_devices(self, pre: dict, disc_child: Child, found: dict | None,
@@ -211,6 +226,10 @@ class Agent:
         mon = self.monitor
         if mon is not None and mon.rc is None and mon.poll():
             open_gate(self.path("cuda.gate"))
+        for i, (_oversub, gpu_child) in list(self.oversub_after.items()):
+            if gpu_child.poll():
+                del self.oversub_after[i]
+                open_oversub_gate(gate_path(self.workdir, i), _h2d_rate(gpu_child))
         now = time.monotonic()
         if self.duration and self.devices and now >= self.next_progress:
             self.next_progress = now + PROGRESS_EVERY
@@ -288,6 +307,9 @@ class Agent:
         for i in sorted(gpu_children):
             facts = self._collect(gpu_children[i], gpu=i)
             self.facts.setdefault("gpus", {})[f"gpu{i}"] = facts
+        for i in sorted(self.oversub):  # before the monitor's records: these pids are ours
+            self.facts["gpus"].setdefault(f"gpu{i}", {}).update(
+                self._collect(self.oversub[i], gpu=i))
         self.collect_nccl(ranks)
         self._monitor_records(disc)
 
@@ -336,3 +358,13 @@ class Agent:
             self.host("host.gpu_count", "fail", measured=0, unit="GPUs",
                       limit=self.args.expected_gpus, hint=hint,
                       detail=f"expected {self.args.expected_gpus}, none visible")
+
+
+def _h2d_rate(gpu_child: Child) -> float | None:
+    """The pinned host-to-device rate a per-GPU child measured (None: it did not)."""
+    for e in gpu_child.events():
+        rec = e.get("record") or {}
+        if e.get("ev") == "record" and rec.get("check") == "pcie.h2d_pinned":
+            measured = rec.get("measured")
+            return float(measured) if isinstance(measured, (int, float)) else None
+    return None

@@ -22,7 +22,15 @@ from .busbw import bus_bandwidth
 from .ddp import ddp_prepare, ddp_step
 from .pairs import send_recv_pairs
 from .profiles import select_profile
-from .runner import Emitter, MiB, oom_skip, out_of_memory, wait_for_gate
+from .runner import (
+    Emitter,
+    HostLinkLock,
+    MiB,
+    device_lock,
+    oom_skip,
+    out_of_memory,
+    wait_for_gate,
+)
 from .schema import record
 
 
@@ -135,11 +143,14 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     # while the per-GPU checks run: they move no data. Collectives wait for the gate.
     em.event("mark", what="process group, NCCL communicator")
     try:
-        init_s = r.join()
-        # Quick mode leaves the DDP step out (its set-up alone costs seconds).
-        if not r.quick:
-            em.event("mark", what="DDP model")
-        ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
+        # Under this GPU's lock: never during its per-GPU child's timed windows (GEMM, HBM,
+        # pinned copies), whose figures must not depend on what else runs on the GPU.
+        with HostLinkLock(None if r.cpu else device_lock(opts, rank)):
+            init_s = r.join()
+            # Quick mode leaves the DDP step out (its set-up alone costs seconds).
+            if not r.quick:
+                em.event("mark", what="DDP model")
+            ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
     except Exception as exc:  # a GPU another process fills: busy, not broken
         if not out_of_memory(exc):
             raise

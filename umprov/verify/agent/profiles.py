@@ -46,6 +46,10 @@ LIMITS: dict[str, str] = {
     "nvlink_replay_growth_fail": "NVLink replays added during the run that fail",
     "nvlink_recovery_growth_warn": "NVLink recoveries (link retrains) during the run that warn",
     "nvlink_recovery_growth_fail": "NVLink recoveries during the run that fail",
+    "managed_oversub_floor_ratio_warn": "managed.oversubscription's step / its PCIe floor that "
+                                        "warns",
+    "managed_oversub_floor_ratio_fail": "managed.oversubscription's step / its PCIe floor that "
+                                        "fails",
 }
 DEFAULT_RATIOS = (0.85, 0.70)
 DOCUMENT_KEYS = ("profiles", "profile")

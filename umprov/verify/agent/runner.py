@@ -164,6 +164,9 @@ def child_env(extra: dict[str, str] | None = None, threads: int | None = None) -
     for key, value in MULTICAST_OFF.items():
         env.setdefault(key, value)  # set where absent; a value already there is left alone
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The checks measure the GPU, not the allocator a container was deployed with
+    # (umprov deploy --managed-memory): managed.oversubscription enables it by itself.
+    env["UMPROV_MANAGED_MEMORY"] = "0"
     if "PYTHONPYCACHEPREFIX" not in env and (cache := bytecode_cache()):
         env["PYTHONPYCACHEPREFIX"] = cache  # bytecode only there, never beside the sources
         env.pop("PYTHONDONTWRITEBYTECODE", None)
