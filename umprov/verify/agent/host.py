@@ -227,7 +227,8 @@ class Agent:
         if mon is not None and mon.rc is None and mon.poll():
             open_gate(self.path("cuda.gate"))
         for i, (_oversub, gpu_child) in list(self.oversub_after.items()):
-            if gpu_child.poll():
+            # its last check done (its CUDA context may still be closing), or it ended
+            if gpu_child.poll() or any(e.get("ev") == "done" for e in gpu_child.events()):
                 del self.oversub_after[i]
                 open_oversub_gate(gate_path(self.workdir, i), _h2d_rate(gpu_child))
         now = time.monotonic()

@@ -131,26 +131,28 @@ class Rank(Group):
 def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     em.start("nccl.init", "host")
     r = Rank(em, opts, rank)  # imports torch
-    if not r.quick:
-        # What DDP imports on first use (torch's compiler stack, seconds): done now, while the
-        # per-GPU checks run; nothing here touches a GPU.
-        em.event("mark", what="import torch._dynamo")
-        for mod in ("torch._dynamo", "torch.nn.parallel.distributed"):
-            with contextlib.suppress(Exception):
-                importlib.import_module(mod)
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up
-    # while the per-GPU checks run: they move no data. Collectives wait for the gate.
+    # while the per-GPU checks run: they move no data; collectives wait for the gate. In full
+    # mode each takes this GPU's lock: never during its per-GPU child's timed windows (GEMM,
+    # HBM, pinned copies). Quick mode's figures are not judged and its collectives run
+    # meanwhile anyway.
+    lock = None if r.cpu or r.quick else device_lock(opts, rank)
     em.event("mark", what="process group, NCCL communicator")
     try:
-        # Under this GPU's lock: never during its per-GPU child's timed windows (GEMM, HBM,
-        # pinned copies), whose figures must not depend on what else runs on the GPU.
-        with HostLinkLock(None if r.cpu else device_lock(opts, rank)):
+        with HostLinkLock(lock):
             init_s = r.join()
-            # Quick mode leaves the DDP step out (its set-up alone costs seconds).
-            if not r.quick:
-                em.event("mark", what="DDP model")
-            ddp_state = None if r.quick else ddp_prepare(r.torch, r.device, rank, r.cpu)
+        ddp_state = None
+        if not r.quick:  # quick mode leaves the DDP step out (its set-up alone costs seconds)
+            # What DDP imports on first use (torch's compiler stack, seconds), after the
+            # communicator, out of the lock: nothing here touches a GPU.
+            em.event("mark", what="import torch._dynamo")
+            for mod in ("torch._dynamo", "torch.nn.parallel.distributed"):
+                with contextlib.suppress(Exception):
+                    importlib.import_module(mod)
+            em.event("mark", what="DDP model")
+            with HostLinkLock(lock):
+                ddp_state = ddp_prepare(r.torch, r.device, rank, r.cpu)
     except Exception as exc:  # a GPU another process fills: busy, not broken
         if not out_of_memory(exc):
             raise
