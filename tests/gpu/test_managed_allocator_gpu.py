@@ -75,7 +75,7 @@ def test_the_agent_proves_a_step_past_its_device_budget(agent, tmp_path, gpu_cou
     assert len(recs) == gpu_count, proc.stderr[-2000:]
     for rec in recs:
         assert rec["verdict"] == "pass", rec
-        assert rec["unit"] == "x PCIe floor" and 0 < rec["measured"] <= 3.0, rec
+        assert rec["unit"] == "x" and 0 < rec["measured"] <= 3.0, rec
         facts = doc["facts"]["gpus"][rec["target"]][f"oversub_{rec['target']}"]
         assert facts["layers_differing"] == 0 and facts["peak_spilled"] > 0, facts
         assert facts["failed_advice"] == 0 and facts["budget"] == 64 << 20, facts

@@ -201,7 +201,7 @@ def judge_oversub(target: str, result: dict, stats: dict, h2d: float | None, pro
     ratio = step / floor
     verdict = "fail" if ratio > fail_at else "warn" if ratio > warn_at else "pass"
     why = "" if verdict == "pass" else f"; above {warn_at:g}x the floor"
-    return record("gpu", target, CHECK, verdict, measured=round(ratio, 3), unit="x PCIe floor",
+    return record("gpu", target, CHECK, verdict, measured=round(ratio, 3), unit="x",
                   limit=warn_at, hint="reseat",
                   detail=f"{head}, floor {floor * 1000:.0f} ms (2 x spilled at "
                   f"{h2d:.1f} GB/s pinned); the same layers bit-identical on host and "
