@@ -19,7 +19,7 @@ from umprov.deploy.state import load_connection, token_path
 from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import render
 from umprov.hosts.engine import exec_in, one_line
-from umprov.hosts.fanout import Parallel
+from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.results import HostOutcome
 
 # One shell line on the host; each probe prints KEY=VALUE and never fails the whole line.
@@ -43,10 +43,10 @@ HOST_FIELDS: list[render.Field] = [
 
 def probe(
     hosts: Sequence[Any], container_name: str | None, *, trust_new: bool = False,
-    max_workers: int = 32,
+    forks: int | None = None,
 ) -> list[HostOutcome]:
     """Every host probed, in parallel; one outcome each, in the order of ``hosts``."""
-    pool = Parallel(min(max_workers, len(hosts)))
+    pool = Parallel(workers(forks, len(hosts))[0])
     return pool.map(lambda h: host_status(h, container_name, trust_new), hosts, "status")
 
 

@@ -80,7 +80,7 @@ def fake_playbook(monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]],
 def fake_verify(monkeypatch: pytest.MonkeyPatch, verdict: str) -> None:
     import umprov.verify.remote as remote
 
-    def run(hosts: Any, opts: Any, progress: Any) -> list[dict]:
+    def run(hosts: Any, opts: Any, progress: Any, forks: int | None = None) -> list[dict]:
         doc = report.failed_host_report(hosts[0].name, "gpu.health", "slow")
         doc["records"][0].update(verdict=verdict)
         doc.update(verdict=verdict)

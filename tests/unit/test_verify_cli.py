@@ -297,7 +297,7 @@ def test_inventory_path_runs_every_host(umprov_cli, monkeypatch, tmp_path):
                         lambda source: SimpleNamespace(select=lambda limit: hosts))
     got = {}
 
-    def fake_verify(hs, opts, progress):
+    def fake_verify(hs, opts, progress, forks=None):
         got["opts"] = opts
         return [report.failed_host_report(h.name, "agent.connect", "unreachable") if h.name ==
                 "gpu-1" else _passing(h.name) for h in hs]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import inventory_options, json_option
+from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
 from umprov.hosts import render
 from umprov.hosts.progress import size_text
 from umprov.output import emit_json, print_outcomes, say, say_problems, say_untrusted
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
               help="PyTorch in the container allocates CUDA managed memory, so a job may use "
               "more than the GPU's memory (default: the host's umprov_managed_memory, else off; "
               "docs/managed-memory.md).")
+@forks_option
 @json_option
 def deploy(
     inventory: InventoryRequest,
@@ -72,6 +73,7 @@ def deploy(
     trust_new_hosts: bool,
     allow_agent_forwarding: bool,
     managed_memory: bool | None,
+    forks: int | None,
     as_json: bool,
 ) -> int:
     """Run the PyTorch container (SSH + Jupyter) on every host, in parallel.
@@ -119,7 +121,8 @@ def deploy(
 
     started = time.monotonic()
     with HostProgress([h.name for h in hosts]) as progress:
-        results = run_deploy(hosts, opts, progress=progress, local_client=local_client)
+        results = run_deploy(hosts, opts, progress=progress, local_client=local_client,
+                             forks=fan_out_width(forks, len(hosts)))
     elapsed = time.monotonic() - started
     code = exit_code(results)
     if as_json:

@@ -74,3 +74,23 @@ def ask_become_password() -> str:
     """The privilege escalation (sudo) password, read from the terminal, not echoed."""
     return str(click.prompt("BECOME password", hide_input=True, err=True, default="",
                             show_default=False))
+
+
+def forks_option(func: F) -> F:
+    """``--forks N``: hosts handled at once, as ansible-playbook names it."""
+    return click.option(
+        "--forks", "-f", type=click.IntRange(1, 100_000), metavar="N",
+        help="Hosts handled at once (default 32; bounded by the open-file limit, which umprov "
+        "raises to its hard limit first).")(func)
+
+
+def fan_out_width(forks: int | None, hosts: int) -> int:
+    """The hosts a command handles at once, saying so on stderr when the open-file limit
+    bounds what --forks asked for."""
+    from umprov.hosts.fanout import workers
+    from umprov.output import say
+
+    n, why = workers(forks, hosts)
+    if why:
+        say(f"umprov: {why}")
+    return n

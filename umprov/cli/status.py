@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import inventory_options, json_option
+from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
 from umprov.errors import ExitCode
 from umprov.hosts import render
 from umprov.output import emit_json, print_outcomes, say_problems, say_untrusted
@@ -46,6 +46,7 @@ COLUMNS: list[render.Field] = [
 @click.option("--connect", "connect_host", metavar="HOST",
               help="Print the ssh command and the Jupyter URL WITH its token for HOST.")
 @click.option("--trust-new-hosts", is_flag=True, help="Record keys of hosts never seen before.")
+@forks_option
 @json_option
 def status(
     inventory: InventoryRequest,
@@ -53,6 +54,7 @@ def status(
     name: str | None,
     connect_host: str | None,
     trust_new_hosts: bool,
+    forks: int | None,
     as_json: bool,
 ) -> int:
     """Per host: reachable, driver, Docker, nvidia runtime, container state, health, Jupyter.
@@ -73,8 +75,9 @@ def status(
 
     if name is not None:
         check_container_name(name, "--name")
-    outcomes = probe(list(load_inventory(inventory).select(limit)), name,
-                     trust_new=trust_new_hosts)
+    hosts = list(load_inventory(inventory).select(limit))
+    outcomes = probe(hosts, name, trust_new=trust_new_hosts,
+                     forks=fan_out_width(forks, len(hosts)))
     if as_json:
         emit_json({"hosts": render.records(outcomes, HOST_FIELDS)})
     print_outcomes("status", outcomes, COLUMNS)

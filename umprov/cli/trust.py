@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import inventory_options, json_option
+from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
 from umprov.hosts import HostLike
 from umprov.output import emit_json, say
 
@@ -41,8 +41,10 @@ def _parse_address(text: str) -> _Target | None:
 @click.argument("host")
 @inventory_options(positional=False)
 @click.option("--yes", "-y", is_flag=True, help="Record without asking (scripted use).")
+@forks_option
 @json_option
-def trust(host: str, inventory: InventoryRequest, yes: bool, as_json: bool) -> int:
+def trust(host: str, inventory: InventoryRequest, yes: bool, forks: int | None,
+          as_json: bool) -> int:
     """Show a host's SSH key fingerprint and record it in umprov's known_hosts if confirmed.
 
     With -i, HOST is a name or group pattern of that inventory; without, an address:
@@ -68,9 +70,13 @@ def trust(host: str, inventory: InventoryRequest, yes: bool, as_json: bool) -> i
         if parsed is None:
             raise ConfigError(f"'{host}' is not an address; pass --inventory to use host names")
         targets = [parsed]
+    from umprov.hosts.fanout import Parallel
+
+    # Every host's key read at once (--forks at a time); the questions come one by one.
+    pool = Parallel(fan_out_width(forks, len(targets)))
+    keys = pool.map(presented_key, targets, "trust") if targets else []
     report = []
-    for target in targets:
-        shown = presented_key(target)
+    for target, shown in zip(targets, keys, strict=True):
         pattern = shown.pattern
         entry = {"host": target.name, "endpoint": pattern, "key": shown.label}
         if shown.known:

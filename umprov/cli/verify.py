@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import inventory_options, json_option
+from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
 from umprov.errors import ConfigError
 from umprov.output import emit_json, say, say_untrusted
 
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
               "docs/examples/multinode.sbatch left (no host is contacted).")
 @click.option("--all-rows/--problems-only", default=True, show_default=True,
               help="Table rows for every check, or only warnings and failures.")
+@forks_option
 @json_option
 def verify(
     inventory: InventoryRequest,
@@ -102,6 +103,7 @@ def verify(
     slurm_account: str | None,
     events: Path | None,
     all_rows: bool,
+    forks: int | None,
     as_json: bool,
 ) -> int:
     """Prove every GPU healthy: health, GEMM, bandwidth, managed memory, NCCL.
@@ -152,7 +154,7 @@ def verify(
         docs = run_inventory(inventory, limit=limit, quick=quick, timeout=timeout,
                              expected_gpus=expected_gpus, overrides=overrides, image=image,
                              trust_new=trust_new_hosts, duration=seconds, exclusive=exclusive,
-                             passive=passive)
+                             passive=passive, forks=forks)
     return write_reports(docs, time.monotonic() - started, junit=junit, prometheus=prometheus,
                          html_path=html_path, as_json=as_json, all_rows=all_rows)
 
@@ -173,6 +175,9 @@ def check_combinations(inventory: InventoryRequest, p: dict[str, Any], seconds: 
                           "--multi-node do not apply")
     if p["python"] and not p["local"]:
         raise ConfigError("--python applies to --local only")
+    if p["forks"] and (p["local"] or p["multi_node"] or p["events"]):
+        raise ConfigError("--forks applies to per-host runs over an inventory, not --local, "
+                          "--multi-node or --events")
     if not p["multi_node"] and (p["rendezvous"] or p["nproc_per_node"] or p["backend"] != "nccl"
                                 or p["launcher"] != "ssh"):
         raise ConfigError("--backend, --rendezvous, --nproc-per-node and --launcher apply to "
@@ -249,7 +254,7 @@ def keep_history(docs: list[dict]) -> None:
 def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool, timeout: float,
                   expected_gpus: int | None, overrides: dict[str, Any], image: str | None,
                   trust_new: bool, duration: float = 0.0, exclusive: bool = False,
-                  passive: bool = False) -> list[dict]:
+                  passive: bool = False, forks: int | None = None) -> list[dict]:
     from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
     from umprov.verify.remote import VerifyOptions, verify_hosts
@@ -259,7 +264,8 @@ def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool
                          profile=overrides or None, trust_new=trust_new, duration=duration,
                          exclusive=exclusive, passive=passive)
     with HostProgress([h.name for h in hosts]) as progress:
-        return verify_hosts(hosts, opts, progress=progress)
+        return verify_hosts(hosts, opts, progress=progress,
+                            forks=fan_out_width(forks, len(hosts)))
 
 
 def run_multinode(inventory: InventoryRequest, *, limit: str | None, backend: str,

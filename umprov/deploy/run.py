@@ -25,7 +25,7 @@ from umprov.deploy.state import check_host
 from umprov.errors import ConfigError, DeployFailed, EngineDown, UmprovError
 from umprov.hosts import HostLike
 from umprov.hosts.engine import engine_error
-from umprov.hosts.fanout import Parallel
+from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.progress import Progress, quiet, until_cancelled
 from umprov.hosts.results import HostOutcome
 
@@ -36,7 +36,7 @@ def deploy(
     *,
     progress: Progress = quiet,
     local_client: Any = None,
-    max_workers: int = 32,
+    forks: int | None = None,
 ) -> list[HostOutcome]:
     """Deploy to every host; failures are recorded per host, never raised."""
     states = [HostState(h, new_outcome(h.name)) for h in hosts]
@@ -49,7 +49,7 @@ def deploy(
     local_image_id: str | None = None
     if opts.delivery == "push":
         local_image_id = _local_image_id(local_client, states)
-    pool = Parallel(max(1, min(max_workers, len(states))))
+    pool = Parallel(workers(forks, len(states))[0])
     say = until_cancelled(progress, pool.cancel)
     try:
         pool.map(lambda st: _connect(st, opts, local_image_id, say), states, "connect")

@@ -17,6 +17,7 @@ Event per task instead.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,13 +32,46 @@ R = TypeVar("R")
 STOP_GRACE_S = 4.0
 CLOSE_GRACE_S = 2.0
 
+# Hosts handled at once by default (--forks): Ansible's default is 5, for its heavier forks.
+DEFAULT_FORKS = 32
+# Open files one host in flight may hold: its SSH socket, a Docker API session or two over it,
+# a push's pipes and temporary files; and those the process keeps besides (logs, libraries).
+FILES_PER_HOST = 8
+FILES_KEPT = 64
+
+
+def open_file_limit() -> int:
+    """The soft limit on open files, raised to the hard limit first (1,024 soft is common
+    beside a hard limit hundreds of times higher; raising it needs no privilege)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def workers(forks: int | None, hosts: int) -> tuple[int, str | None]:
+    """(hosts to handle at once, why fewer than asked or None): ``forks`` (default
+    DEFAULT_FORKS), at most one per host, and no more than the open-file limit allows."""
+    want = forks or DEFAULT_FORKS
+    fit = max(1, (open_file_limit() - FILES_KEPT) // FILES_PER_HOST)
+    n = max(1, min(want, hosts, fit))
+    why = None
+    if n < min(want, hosts):
+        why = (f"{n} hosts at once, not {min(want, hosts)}: the open-file limit allows "
+               f"{fit} (raise `ulimit -n`)")
+    return n, why
+
 
 class Parallel:
     """Run a function over items in at most ``workers`` daemon threads at once."""
 
     def __init__(self, workers: int) -> None:
         self.cancel = threading.Event()
-        self._slots = threading.BoundedSemaphore(max(1, workers))
+        self.workers = max(1, workers)
         self._done: list[threading.Event] = []
         self._lock = threading.Lock()
 
@@ -55,22 +89,32 @@ class Parallel:
 
     def map(self, fn: Callable[[T], R], items: Sequence[T], name: str = "task") -> list[R]:
         """``[fn(item) for item in items]``, in parallel; the first exception a task raised
-        (other than Cancelled) is raised here once every task has ended."""
+        (other than Cancelled) is raised here once every task has ended. At most ``workers``
+        threads, each taking the next item when it is done with one: a 10,000-host inventory
+        costs ``workers`` threads, not 10,000."""
         results: list[Any] = [None] * len(items)
         errors: list[BaseException | None] = [None] * len(items)
+        queue = iter(range(len(items)))
+        queue_lock = threading.Lock()
 
-        def run(index: int, item: T) -> None:
-            with self._slots:
-                if self.cancel.is_set():
+        def next_index() -> int | None:
+            with queue_lock:
+                return next(queue, None)
+
+        def work() -> None:
+            while not self.cancel.is_set():
+                index = next_index()
+                if index is None:
                     return
                 try:
-                    results[index] = fn(item)
+                    results[index] = fn(items[index])
                 except Cancelled:
-                    pass
+                    return
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller
                     errors[index] = exc
 
-        for done in [self.start(run, i, item, name=f"{name}-{i}") for i, item in enumerate(items)]:
+        threads = min(self.workers, len(items))
+        for done in [self.start(work, name=f"{name}-{i}") for i in range(threads)]:
             while not done.wait(0.2):
                 pass
         if self.cancel.is_set():

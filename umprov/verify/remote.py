@@ -20,7 +20,7 @@ from typing import Any
 
 from umprov.errors import Cancelled, TrustError, UmprovError, Unreachable
 from umprov.hosts.engine import exec_in, start_throwaway, tar_files, throwaway, untar_one
-from umprov.hosts.fanout import Parallel
+from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.progress import Progress, quiet
 from umprov.verify.bundle import AGENT_NAME, agent_zipapp
 from umprov.verify.report import UNREACHABLE, UNTRUSTED, checked, failed_host_report
@@ -170,13 +170,13 @@ def agent_flags(quick: bool, timeout: float, duration: float, exclusive: bool,
 
 
 def verify_hosts(hosts: Sequence[Any], opts: VerifyOptions, *,
-                 progress: Progress = quiet, max_workers: int = 32) -> list[dict]:
+                 progress: Progress = quiet, forks: int | None = None) -> list[dict]:
     """One report document per host, gathered in parallel."""
     if not hosts:
         return []
     # Daemon threads that Ctrl-C or SIGTERM stop within seconds (umprov.hosts.fanout); each host's
     # agent is ended in its container on the way out.
-    pool = Parallel(max(1, min(max_workers, len(hosts))))
+    pool = Parallel(workers(forks, len(hosts))[0])
     clients: list[Any] = []
 
     def close() -> None:
