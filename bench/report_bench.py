@@ -5,10 +5,12 @@
 Host documents as the agent writes them (tests/fleet_docs.py: full-mode H200 hosts, 8 GPUs,
 28 pairs, child timelines; three hosts with planted trouble). Baselines measured in the same
 run: json.dumps of the same run document (what `umprov verify --json` prints) against
-html.render; chromium loading a trivial page against chromium loading the report (both to
---dump-dom and to a screenshot, through the same flags). Also the history's cost on every
-verify run: saving the run's host documents (gzip, one file per host, then pruning) and
-`umprov report` reading them back into trends. Results: bench/results/report.json.
+html.write (the report and the passing hosts' own pages) and against html.render of every host
+on one page (the report before issue 30); chromium loading a trivial page against chromium
+loading the report (both to --dump-dom and to a screenshot, through the same flags). Also
+the history's cost on every verify run: saving the run's host documents (gzip, one file per
+host, then pruning) and `umprov report` reading them back into trends, then its report.
+Results: bench/results/report.json.
 """
 
 from __future__ import annotations
@@ -63,40 +65,53 @@ def main() -> None:
     docs = fleet_docs.fleet(args.hosts, gpus=args.gpus)
     run = run_document(docs, 60.0)
     json_s, text = timed(lambda: json.dumps(run), args.repeat)
-    html_s, page_text = timed(lambda: html.render(docs, seconds=60.0), args.repeat)
+    inline_s, page_text = timed(lambda: html.render(docs, seconds=60.0), args.repeat)
     result = {
         "hosts": args.hosts, "gpus_per_host": args.gpus,
         "records": sum(len(d["records"]) for d in docs),
         "baseline_json_dumps_s": json_s, "json_mib": round(len(text) / 2**20, 1),
-        "html_render_s": html_s, "html_mib": round(len(page_text) / 2**20, 1),
-        "ratio_render_to_json_dumps": round(html_s / json_s, 2),
+        "one_page_render_s": inline_s, "one_page_mib": round(len(page_text) / 2**20, 1),
     }
     binary = next((b for b in map(shutil.which, CANDIDATES) if b), None)
     with tempfile.TemporaryDirectory(prefix="umprov-report-bench-") as tmp:
         work = Path(tmp)
         page = work / "report.html"
-        html.write(page, docs, seconds=60.0)
+        write_s, _ = timed(lambda: html.write(page, docs, seconds=60.0), args.repeat)
+        pages = sorted((work / "report.hosts").glob("*.html"))
+        result.update(
+            write_s=write_s, page_mib=round(page.stat().st_size / 2**20, 2),
+            host_pages=len(pages), host_pages_mib=round(sum(p.stat().st_size for p in pages)
+                                                        / 2**20, 1),
+            ratio_write_to_json_dumps=round(write_s / json_s, 2))
         if binary:
             trivial = work / "trivial.html"
             trivial.write_text("<!doctype html><title>t</title><p>hello</p>")
             base = browser(binary, work, trivial, args.repeat)
-            big = browser(binary, work, page, 1)
+            big = browser(binary, work, page, args.repeat)
+            one = browser(binary, work, pages[0], 1) if pages else {}
             result.update(baseline_chromium_trivial=base, chromium_report=big,
+                          chromium_host_page=one,
                           ratio_dump_dom_to_trivial=round(big["dump_dom_s"] / base["dump_dom_s"],
                                                           1),
                           ratio_screenshot_to_trivial=round(big["screenshot_s"]
-                                                            / base["screenshot_s"], 1))
+                                                            / base["screenshot_s"], 1),
+                          written_and_opened_s=round(write_s + big["screenshot_s"], 2))
         else:
             result["chromium"] = "not installed: apt-get install chromium"
         root = work / "history"
         keep = history.Retention(3650, 1 << 34, 1000)
         save_s, _ = timed(lambda: history.save(docs, root=root, retention=keep), args.repeat)
         load_s, entries = timed(lambda: history.load(root=root), 1)
-        trend_s, _ = timed(lambda: history.trends(entries), 1)
+        trend_s, trends = timed(lambda: history.trends(entries), 1)
+        with_trends = work / "trends.html"
+        trends_write_s, _ = timed(lambda: html.write(with_trends, history.latest_docs(entries),
+                                                     trends=trends), 1)
         result.update(history_save_run_s=save_s, history_load_s=load_s,
                       history_trends_s=trend_s, history_runs_read=len(entries),
                       history_mib_per_run=round(sum(p.stat().st_size for p in root.rglob(
-                          "*.json.gz")) / args.repeat / 2**20, 1))
+                          "*.json.gz")) / args.repeat / 2**20, 1),
+                      report_with_trends_write_s=trends_write_s,
+                      report_with_trends_page_mib=round(with_trends.stat().st_size / 2**20, 2))
     save("report", result)
 
 

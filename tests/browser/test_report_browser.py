@@ -184,6 +184,26 @@ def test_forty_hosts(chromium, make_page, tmp_path):
     assert run.page_requests == []
 
 
+def test_a_thousand_hosts_of_eight_gpus(chromium, make_page, tmp_path):
+    """Issue 30's fleet: the report stays small (the passing hosts' sections on pages of their
+    own), shows every failing check and every host, and each host's page opens from it."""
+    docs = fleet_docs.fleet(1000)
+    page = make_page("thousand", docs)
+    assert page.stat().st_size < 8 << 20
+    run = chromium.run(page)
+    shown = seen(run.dom)
+    assert len(shown.first_cells["sortable hosts"]) == 1000
+    assert len(shown.hosts) == 3  # the failing and warning hosts, on the page itself
+    action = shown.items["Needs action"]
+    assert action[0].startswith("FAIL gpu-017 gpu2:") and "gpu.hbm_copy" in action[0]
+    links = re.findall(r'href="(thousand\.hosts/[^"]+)"', run.dom)
+    assert len(links) == 997 and all((tmp_path / link).is_file() for link in links)
+    one = chromium.run(tmp_path / links[500])
+    inside = seen(one.dom)
+    assert len(inside.hosts) == 1 and len(inside.pairs) == 28
+    assert run.page_requests == [] and one.page_requests == []
+
+
 def test_it_prints(chromium, three_hosts, tmp_path):
     pdf = tmp_path / "report.pdf"
     run = chromium.pdf(three_hosts, pdf)

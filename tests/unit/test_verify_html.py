@@ -8,7 +8,9 @@ from html.parser import HTMLParser
 import pytest
 
 from tests import fleet_docs
+from umprov.errors import ConfigError
 from umprov.verify import html, report
+from umprov.verify.history import FigureTrend, HostTrend
 from umprov.verify.agent.schema import host_report, record
 
 
@@ -246,3 +248,49 @@ def test_the_shipped_sample_page_is_the_recorded_h200_run_rendered():
     assert undated(sample.read_text()) == undated(html.render([doc])), (
         "re-render it: umprov report tests/data/verify/h200-1gpu-full.json --html "
         "docs/examples/verify-h200.html")
+
+
+def _trend(name: str, regressed: bool) -> HostTrend:
+    fig = FigureTrend("gpu0", "gpu.hbm_copy", "GB/s", [(1.0e9, 4200.0), (1.1e9, 3000.0)],
+                      median=4200.0, change=-0.29, regressed=regressed)
+    return HostTrend(f"key-{name}", [name], [1.0e9, 1.1e9], [fig])
+
+
+def test_a_large_run_gives_each_passing_host_a_page_of_its_own(tmp_path):
+    docs = fleet_docs.fleet(html.INLINE_HOSTS + 10)  # gpu-017, -023, -031 in trouble
+    trends = [_trend(d["host"], d["host"] == "gpu-005") for d in docs]
+    path = html.write(tmp_path / "verify.html", docs, trends=trends)
+    main = path.read_text()
+    folder = tmp_path / "verify.hosts"
+    pages = sorted(p.name for p in folder.glob("*.html"))
+    passing = [d["host"] for d in docs if report.outcome(d).state == "pass"]
+    assert len(pages) == len(passing) == len(docs) - 3
+    # the failing and warning hosts stay on the page, the passing ones are linked
+    assert 'id="host-' in main and main.count('<details class="host v-pass"') == 0
+    for name in pages:
+        assert f'href="verify.hosts/{name}"' in main
+    page = (folder / pages[0]).read_text()
+    assert '<details class="host v-pass"' in page and " open>" in page
+    assert 'href="../verify.html"' in page and "<h2>Trends</h2>" in page
+    # a regressed host's trend stays on the page too; the others' are on their own pages
+    trend_part = main[main.index("Trends: each host against its own history"):]
+    assert "gpu-005" in trend_part and "gpu-006" not in trend_part
+
+
+def test_a_small_run_keeps_every_host_on_one_page_and_removes_old_host_pages(tmp_path):
+    big = fleet_docs.fleet(html.INLINE_HOSTS + 1, gpus=1)
+    path = html.write(tmp_path / "verify.html", big)
+    assert (tmp_path / "verify.hosts").is_dir()
+    html.write(path, big[:3])
+    assert not (tmp_path / "verify.hosts").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verify.html"]
+
+
+def test_a_folder_umprov_did_not_write_is_never_replaced(tmp_path):
+    mine = tmp_path / "verify.hosts"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="verify.hosts exists and umprov did not write it"):
+        html.write(tmp_path / "verify.html", fleet_docs.fleet(html.INLINE_HOSTS + 1, gpus=1))
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert not (tmp_path / "verify.html").exists()  # nothing half-written

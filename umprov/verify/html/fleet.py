@@ -113,7 +113,10 @@ def problem_table(docs: Sequence[dict]) -> str:
     return table(cols, found, cls="problems")
 
 
-def host_table(docs: Sequence[dict]) -> str:
+def host_table(docs: Sequence[dict], pages: dict[int, str] | None = None) -> str:
+    """Every host, the worst first; a host whose section is a page of its own (``pages``: host
+    index to its address) links there."""
+    pages = pages or {}
     cols = [Col("host"), Col("verdict"), Col("fail", True), Col("warn", True), Col("pass", True),
             Col("skip", True), Col("GPUs", True), Col("profile"), Col("mode"),
             Col("wall s", True), Col("started")]
@@ -121,7 +124,8 @@ def host_table(docs: Sequence[dict]) -> str:
     for i, (doc, verdict) in enumerate(zip(docs, verdicts(docs), strict=True)):
         s = doc["summary"]
         gpus = len(devices(doc))
-        rows.append((f"v-{verdict}", [link(host_anchor(i), doc["host"]), verdict.upper(),
+        rows.append((f"v-{verdict}", [link(host_anchor(i), doc["host"], pages.get(i)),
+                                      verdict.upper(),
                                       s["fail"], s["warn"], s["pass"], s["skip"], gpus,
                                       doc["profile"], doc["mode"], doc["wall_s"],
                                       doc["started"]]))

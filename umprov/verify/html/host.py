@@ -4,7 +4,7 @@ every record. Each part shows what the host document carries, and nothing when i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from html import escape
 
 from umprov.verify.html import svg
@@ -195,7 +195,10 @@ def _matrix_cell(r: dict | None) -> str:
     return f'<td class="num v-{escape(r["verdict"])}">{escape(shown)}</td>'
 
 
-def sections(docs: Sequence[dict], outcomes: Sequence[str]) -> str:
+def sections(docs: Sequence[dict], outcomes: Sequence[str],
+             skip: Container[int] = ()) -> str:
+    """Every host's section but those in ``skip`` (on pages of their own); a small run opens
+    the sections of hosts with trouble."""
     small = len(docs) <= 50
     return "".join(section(i, d, v, open_=small and v != "pass")
-                   for i, (d, v) in enumerate(zip(docs, outcomes, strict=True)))
+                   for i, (d, v) in enumerate(zip(docs, outcomes, strict=True)) if i not in skip)

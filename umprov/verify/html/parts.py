@@ -72,8 +72,9 @@ def table(cols: Sequence[Col], rows: Iterable[tuple[str, Sequence[Any]]], *, cls
             f"<tbody>{body}</tbody></table>")
 
 
-def link(anchor: str, label: str) -> Markup:
-    return Markup(f'<a href="#{escape(anchor)}">{escape(label)}</a>')
+def link(anchor: str, label: str, href: str | None = None) -> Markup:
+    """A link to a section of this page, or to ``href`` (another page) when given."""
+    return Markup(f'<a href="{escape(href or "#" + anchor)}">{escape(label)}</a>')
 
 
 def host_anchor(index: int) -> str:
