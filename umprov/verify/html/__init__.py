@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from umprov.verify.html import fleet, host
+from umprov.verify.html import trends as trend_html
 from umprov.verify.html.assets import CSP, CSS, JS
 
 if TYPE_CHECKING:
@@ -59,8 +60,6 @@ def render_pages(docs: Sequence[dict], *, seconds: float | None = None,
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
     body = [f"<h1>{escape(title)}</h1><p class=muted>Generated {when} by umprov.</p>"]
     if trends is not None:
-        from umprov.verify.html import trends as trend_html
-
         body += ["<h2>Regressions against each host's own history</h2>",
                  trend_html.regressions(trends)]
     if docs:
@@ -79,8 +78,6 @@ def render_pages(docs: Sequence[dict], *, seconds: float | None = None,
             host.sections(docs, outcomes, skip=files),
         ]
     if trends is not None:
-        from umprov.verify.html import trends as trend_html
-
         shown = [t for t in trends if t.regressions or t.host not in paged_names]
         body += ["<h2>Trends: each host against its own history</h2>",
                  trend_html.section(shown)]
@@ -90,11 +87,7 @@ def render_pages(docs: Sequence[dict], *, seconds: float | None = None,
         trend = by_host.get(str(doc.get("host")))
         back = (f'<p><a href="../{escape(main_name)}">{escape(title)}</a></p>'
                 if main_name else "")
-        extra = ""
-        if trend is not None:
-            from umprov.verify.html import trends as trend_html
-
-            extra = "<h2>Trends</h2>" + trend_html.section([trend])
+        extra = "" if trend is None else "<h2>Trends</h2>" + trend_html.section([trend])
         pages[name] = page(f"{doc.get('host')}: {title}",
                            back + host.section(i, doc, outcomes[i], open_=True) + extra)
     return page(title, "".join(body)), pages
