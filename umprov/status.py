@@ -67,13 +67,16 @@ def host_status(host: Any, container_name: str | None, trust_new: bool) -> HostO
     outcome.state = "reachable"
     try:
         _probe_host(ssh, outcome.data)
-    finally:
-        ssh.close()
-    try:
-        client = docker_client(host, trust_new=False)
+        # The engine over the same connection: one SSH handshake a host, not two (a fleet's
+        # status spends most of its time in handshakes).
+        client = docker_client(host, trust_new=False, ssh=ssh)
     except UmprovError as exc:
+        ssh.close()
         outcome.detail = str(exc)
         return outcome
+    except BaseException:
+        ssh.close()
+        raise
     try:
         outcome.detail = _probe_engine(client, name, outcome.data)
     finally:
@@ -101,7 +104,7 @@ def _probe_engine(client: Any, name: str, data: dict[str, Any]) -> str:
 
     try:
         info = client.info()
-        data["docker"] = client.version().get("Version")
+        data["docker"] = info.get("ServerVersion")  # no second request for `docker version`
         data["nvidia_runtime"] = "nvidia" in (info.get("Runtimes") or {})
         try:
             container = client.containers.get(name)

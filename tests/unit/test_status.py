@@ -35,10 +35,7 @@ class FakeEngine:
         self.closed = False
 
     def info(self) -> dict[str, Any]:
-        return {"Runtimes": {"runc": {}, "nvidia": {}}}
-
-    def version(self) -> dict[str, Any]:
-        return {"Version": "26.1.5"}
+        return {"Runtimes": {"runc": {}, "nvidia": {}}, "ServerVersion": "26.1.5"}
 
     def close(self) -> None:
         self.closed = True
@@ -58,7 +55,8 @@ def fleet(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(umprov.hosts.ssh, "connect", connect)
     monkeypatch.setattr(umprov.hosts.ssh, "run_command", run_command)
-    monkeypatch.setattr(umprov.hosts.engine, "docker_client", lambda host, trust_new: FakeEngine())
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client",
+                        lambda host, trust_new, ssh=None: FakeEngine())
 
 
 def test_status_probes_each_host_and_keeps_the_json_shape(fleet: None) -> None:

@@ -10,8 +10,8 @@ import pytest
 from tests import fleet_docs
 from umprov.errors import ConfigError
 from umprov.verify import html, report
-from umprov.verify.history import FigureTrend, HostTrend
 from umprov.verify.agent.schema import host_report, record
+from umprov.verify.history import FigureTrend, HostTrend
 
 
 @pytest.fixture(scope="module")

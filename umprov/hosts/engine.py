@@ -84,7 +84,8 @@ def _ssh_adapter_class() -> type:
                                      timeout=self.timeout, host=self.ssh_host)
 
     class VerifiedSSHAdapter(SSHHTTPAdapter):
-        def __init__(self, host: HostLike, trust_new: bool, timeout: float) -> None:
+        def __init__(self, host: HostLike, trust_new: bool, timeout: float,
+                     ssh: Any = None) -> None:
             # Not SSHHTTPAdapter.__init__: it builds its own paramiko client from
             # ~/.ssh/config and ~/.ssh/known_hosts only.
             self._umprov_host = host
@@ -95,7 +96,7 @@ def _ssh_adapter_class() -> type:
             self.max_pool_size = POOL_SIZE
             self.pools = RecentlyUsedContainer(1, dispose_func=lambda p: p.close())
             BaseHTTPAdapter.__init__(self)
-            self.ssh_client = connect(host, trust_new=trust_new)
+            self.ssh_client = ssh or connect(host, trust_new=trust_new)
 
         def _connect(self) -> None:
             # Called by get_connection when the transport is gone: reconnect, verified again.
@@ -124,7 +125,8 @@ def _ssh_adapter_class() -> type:
     return VerifiedSSHAdapter
 
 
-def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 300.0) -> Any:
+def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 300.0,
+                  ssh: Any = None) -> Any:
     """A docker SDK client for the engine on ``host``, over SSH with a verified host key.
 
     How: the SDK builds its ssh:// transport (SSHHTTPAdapter) from ~/.ssh/config and the user's
@@ -133,7 +135,8 @@ def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 3
     ``connect`` (RejectPolicy semantics, umprov's known_hosts files). Returns a
     docker.DockerClient. Requests then run as the SDK
     expects: each HTTP connection is an exec channel running ``docker system dial-stdio``,
-    kept for reuse in one pool per engine (the adapter's ``get_connection``).
+    kept for reuse in one pool per engine (the adapter's ``get_connection``). ``ssh``: a
+    connection ``connect`` made already, used instead of a second one (the client closes it).
     """
     import docker
 
@@ -143,7 +146,7 @@ def docker_client(host: HostLike, *, trust_new: bool = False, timeout: float = 3
         version="1.41",
         timeout=int(timeout),
     )
-    adapter = _ssh_adapter_class()(host, trust_new, timeout)
+    adapter = _ssh_adapter_class()(host, trust_new, timeout, ssh)
     api = client.api
     api._custom_adapter = adapter
     api.mount("http+docker://ssh", adapter)

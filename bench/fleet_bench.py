@@ -1,0 +1,216 @@
+"""umprov's own cost per host at fleet size: hundreds of lightweight hosts, one sshd each.
+
+    sudo .venv/bin/python bench/fleet_bench.py --hosts 16,64,256 [--forks 32]
+
+The hosts: a network namespace of this machine (``umprov-fleet``: nothing in it reaches
+anything outside), one OpenSSH sshd per host on an address of its own (127.0.1.N:22, its own
+host key, key-only root login), all sharing this machine's Docker engine through
+``docker system dial-stdio`` (so ``umprov status`` finds an engine on every host). Needs
+Debian's openssh-server (its service left off) and the docker CLI.
+
+For each size, in the namespace, each command as users run it (a fresh state folder):
+``umprov trust --yes`` (every host's key read and recorded), ``umprov status`` (SSH, the
+driver probe, the engine over SSH), and the baseline measured in the same run: OpenSSH's
+``ssh HOST true`` for every host, ``--forks`` at a time (xargs -P), the floor of one
+handshake and one command per host. Sampled every 50 ms: the umprov process's resident
+memory, threads and open files. Results: bench/results/fleet.json; curves in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import save  # noqa: E402
+
+NS = "umprov-fleet"
+REPO = HERE.parent
+UMPROV = [sys.executable, "-m", "umprov"]
+
+
+def sh(*argv: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw)
+
+
+def in_ns(argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", NS, *argv]
+
+
+def address(i: int) -> str:
+    return f"127.0.1.{i + 1}" if i < 250 else f"127.0.{2 + (i - 250) // 250}.{(i - 250) % 250 + 1}"
+
+
+class Fleet:
+    def __init__(self, work: Path, count: int) -> None:
+        self.work, self.count = work, count
+        self.procs: list[subprocess.Popen] = []
+        self.key = work / "client_key"
+
+    def up(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            sh("ip", "netns", "del", NS)
+        sh("ip", "netns", "add", NS)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation
+        sh(*in_ns(["ip", "link", "set", "lo", "up"]))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
+        auth = self.work / "authorized_keys"
+        auth.write_text(Path(f"{self.key}.pub").read_text())
+        auth.chmod(0o600)
+        for i in range(self.count):
+            d = self.work / f"h{i:04d}"
+            d.mkdir()
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key"))
+            (d / "sshd_config").write_text(
+                f"ListenAddress {address(i)}:22\nHostKey {d / 'host_key'}\n"
+                f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {auth}\n"
+                "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\nUsePAM yes\nStrictModes no\n"
+                "MaxStartups 100:30:200\nMaxSessions 20\nLogLevel ERROR\n")
+            self.procs.append(subprocess.Popen(in_ns(["/usr/sbin/sshd", "-D", "-e", "-f",
+                                                      str(d / "sshd_config")]),
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            up = sh(*in_ns(["ss", "-Hltn"])).stdout.count(":22 ")
+            if up >= self.count:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the sshd processes did not all start")
+
+    def inventory(self) -> Path:
+        path = self.work / "hosts.yml"
+        hosts = {f"h{i:04d}": {"ansible_host": address(i), "ansible_user": "root",
+                               "ansible_ssh_private_key_file": str(self.key)}
+                 for i in range(self.count)}
+        path.write_text(json.dumps({"all": {"hosts": hosts}}))
+        return path
+
+    def down(self) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        with contextlib.suppress(subprocess.CalledProcessError):
+            sh("ip", "netns", "del", NS)
+
+
+class Sampler:
+    """Peak resident memory, threads and open files of a process, every 50 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = {"rss_mib": 0.0, "threads": 0, "open_files": 0}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            with contextlib.suppress(OSError, ValueError, KeyError):  # KeyError: it has ended
+                status = Path(f"/proc/{self.pid}/status").read_text()
+                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                rss = int(fields["VmRSS"].split()[0]) / 1024
+                threads = int(fields["Threads"])
+                files = len(os.listdir(f"/proc/{self.pid}/fd"))
+                for key, value in (("rss_mib", rss), ("threads", threads),
+                                   ("open_files", files)):
+                    self.peak[key] = max(self.peak[key], value)
+
+    def done(self) -> dict:
+        self.stop.set()
+        self.thread.join()
+        return {k: round(v, 1) for k, v in self.peak.items()}
+
+
+def run_umprov(args: list[str], env: dict) -> dict:
+    started = time.perf_counter()
+    proc = subprocess.Popen(in_ns([*UMPROV, *args]), env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # ip netns exec execs the command: the pid is umprov's own
+    sampler = Sampler(proc.pid)
+    out, err = proc.communicate(timeout=1800)
+    seconds = time.perf_counter() - started
+    result = {"seconds": round(seconds, 2), "rc": proc.returncode, **sampler.done()}
+    if proc.returncode not in (0, 1, 6, 11):
+        result["stderr"] = err[-500:]
+    with contextlib.suppress(ValueError):
+        doc = json.loads(out)
+        states: dict[str, int] = {}
+        for h in doc.get("hosts", []):
+            if "reachable" in h:  # status
+                key = "reachable" if h["reachable"] else "unreachable"
+            else:  # trust
+                key = "recorded" if h.get("recorded") else "known"
+            states[key] = states.get(key, 0) + 1
+        result["hosts_by_state"] = states
+    return result
+
+
+def openssh_floor(fleet: Fleet, forks: int) -> float:
+    """``ssh HOST true`` for every host, ``forks`` at a time: the floor per host."""
+    known = fleet.work / "known_hosts_openssh"
+    lines = [f"{address(i)} {(fleet.work / f'h{i:04d}' / 'host_key.pub').read_text()}"
+             for i in range(fleet.count)]
+    known.write_text("".join(lines))
+    addrs = "\n".join(address(i) for i in range(fleet.count))
+    cmd = (f"xargs -P {forks} -I{{}} ssh -q -o BatchMode=yes -o UserKnownHostsFile={known} "
+           f"-o StrictHostKeyChecking=yes -i {fleet.key} root@{{}} true")
+    started = time.perf_counter()
+    subprocess.run(in_ns(["sh", "-c", cmd]), input=addrs, text=True, check=True)
+    return round(time.perf_counter() - started, 2)
+
+
+def one_size(count: int, forks: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="umprov-fleet-") as tmp:
+        work = Path(tmp)
+        fleet = Fleet(work, count)
+        try:
+            fleet.up()
+            inv = str(fleet.inventory())
+            env = {**os.environ, "UMPROV_STATE_DIR": str(work / "state"),
+                   "PYTHONPATH": str(REPO)}
+            row: dict = {"hosts": count, "forks": forks}
+            row["openssh_true_s"] = openssh_floor(fleet, forks)
+            row["trust"] = run_umprov(["trust", "h*", "-i", inv, "--yes", "--forks",
+                                       str(forks), "--json"], env)
+            row["status"] = run_umprov(["status", inv, "--forks", str(forks), "--json"], env)
+            row["status_per_host_ms"] = round(row["status"]["seconds"] / count * 1000, 1)
+            row["status_vs_openssh"] = round(row["status"]["seconds"]
+                                             / row["openssh_true_s"], 2)
+            return row
+        finally:
+            fleet.down()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", default="16,64,256")
+    ap.add_argument("--forks", type=int, default=32)
+    args = ap.parse_args()
+    if os.geteuid() != 0 or not shutil.which("sshd", path="/usr/sbin:/usr/bin"):
+        sys.exit("needs root and Debian's openssh-server (its service may stay off)")
+    rows = [one_size(int(n), args.forks) for n in args.hosts.split(",")]
+    for row in rows:
+        print(f"{row['hosts']:5} hosts: openssh {row['openssh_true_s']:6.2f} s  "
+              f"trust {row['trust']['seconds']:6.2f} s  status {row['status']['seconds']:6.2f}"
+              f" s ({row['status_per_host_ms']} ms a host, {row['status_vs_openssh']}x "
+              f"openssh)  peak {row['status']['rss_mib']} MiB, {row['status']['threads']} "
+              f"threads, {row['status']['open_files']} files", file=sys.stderr)
+    save("fleet", {"rows": rows})
+
+
+if __name__ == "__main__":
+    main()
