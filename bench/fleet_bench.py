@@ -136,6 +136,9 @@ class Sampler:
 
 
 def run_umprov(args: list[str], env: dict) -> dict:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(in_ns([*UMPROV, *args]), env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -143,7 +146,10 @@ def run_umprov(args: list[str], env: dict) -> dict:
     sampler = Sampler(proc.pid)
     out, err = proc.communicate(timeout=1800)
     seconds = time.perf_counter() - started
-    result = {"seconds": round(seconds, 2), "rc": proc.returncode, **sampler.done()}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result = {"seconds": round(seconds, 2), "rc": proc.returncode,
+              "cpu_s": round(cpu, 2), **sampler.done()}
     if proc.returncode not in (0, 1, 6, 11):
         result["stderr"] = err[-500:]
     with contextlib.suppress(ValueError):
@@ -188,6 +194,7 @@ def one_size(count: int, forks: int) -> dict:
                                        str(forks), "--json"], env)
             row["status"] = run_umprov(["status", inv, "--forks", str(forks), "--json"], env)
             row["status_per_host_ms"] = round(row["status"]["seconds"] / count * 1000, 1)
+            row["status_cpu_per_host_ms"] = round(row["status"]["cpu_s"] / count * 1000, 1)
             row["status_vs_openssh"] = round(row["status"]["seconds"]
                                              / row["openssh_true_s"], 2)
             return row
@@ -206,7 +213,8 @@ def main() -> None:
     for row in rows:
         print(f"{row['hosts']:5} hosts: openssh {row['openssh_true_s']:6.2f} s  "
               f"trust {row['trust']['seconds']:6.2f} s  status {row['status']['seconds']:6.2f}"
-              f" s ({row['status_per_host_ms']} ms a host, {row['status_vs_openssh']}x "
+              f" s ({row['status_per_host_ms']} ms a host, umprov's CPU "
+              f"{row['status_cpu_per_host_ms']} ms a host, {row['status_vs_openssh']}x "
               f"openssh)  peak {row['status']['rss_mib']} MiB, {row['status']['threads']} "
               f"threads, {row['status']['open_files']} files", file=sys.stderr)
     save("fleet", {"rows": rows})
