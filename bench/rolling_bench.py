@@ -22,6 +22,7 @@ Results go to bench/results/rolling.json. Needs the lab (a Docker engine, root).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,18 +49,48 @@ def on_controller(lab: dict[str, Any], *argv: str) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def rolling_figures(lab: dict[str, Any]) -> dict[str, Any]:
+def rolling_figures(lab: dict[str, Any], old: str | None = None,
+                    rounds: int = 1) -> dict[str, Any]:
+    """The unbatched run, then the rolling one; with ``old`` (a checkout), the rolling run of
+    its playbooks too, interleaved round by round (UMPROV_PROJECT_DIR picks the content)."""
     inventory = lab["inventory"]
     umprov("provision", inventory, "--only", "toolkit")  # converge first: both runs are no-ops
     unbatched, _ = umprov("provision", inventory, "--only", "toolkit")
-    rolled, doc = umprov("provision", inventory, "--rolling", "--only", "toolkit",
-                         "--canary", "1", "--batch", "3,4")
+    builds = {"new": None, **({"old": old} if old else {})}
+    times: dict[str, list[float]] = {name: [] for name in builds}
+    doc: dict[str, Any] = {}
+    for r in range(rounds):
+        for name in (list(builds) if r % 2 == 0 else list(reversed(builds))):
+            with _content(builds[name]):
+                rolled, got = umprov("provision", inventory, "--rolling", "--only", "toolkit",
+                                     "--canary", "1", "--batch", "3,4")
+            times[name].append(round(rolled, 1))
+            if name == "new":
+                doc = got
     batches = [len(b) for b in doc["batches"]]
-    return {"hosts": len(lab["hosts"]), "batches": batches,
-            "unbatched_s": round(unbatched, 1), "rolling_s": round(rolled, 1),
-            "ratio": round(rolled / unbatched, 2),
-            "rolling_per_batch_s": round(rolled / len(batches), 1),
-            "actions": sorted({h["action"] for h in doc["hosts"]})}
+    rolled = sorted(times["new"])[len(times["new"]) // 2]
+    out = {"hosts": len(lab["hosts"]), "batches": batches,
+           "unbatched_s": round(unbatched, 1), "rolling_s": rolled, "rolling_runs_s": times,
+           "ratio": round(rolled / unbatched, 2),
+           "rolling_per_batch_s": round(rolled / len(batches), 1),
+           "actions": sorted({h["action"] for h in doc["hosts"]})}
+    if old:
+        before = sorted(times["old"])[len(times["old"]) // 2]
+        out.update(old_rolling_s=before, old_ratio=round(before / unbatched, 2))
+    return out
+
+
+@contextlib.contextmanager
+def _content(folder: str | None) -> Any:
+    saved = os.environ.get("UMPROV_PROJECT_DIR")
+    if folder:
+        os.environ["UMPROV_PROJECT_DIR"] = folder
+    try:
+        yield
+    finally:
+        os.environ.pop("UMPROV_PROJECT_DIR", None)
+        if saved is not None:
+            os.environ["UMPROV_PROJECT_DIR"] = saved
 
 
 def apply_health(lab: dict[str, Any], node: str, expected: int, interval: int,
@@ -102,12 +133,15 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=15, help="HealthCheckInterval, seconds")
     ap.add_argument("--only", default="rolling,health")
     ap.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    ap.add_argument("--old", metavar="CHECKOUT", help="also the rolling run of this checkout's "
+                    "playbooks, interleaved (an A/B)")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     took, lab = umprov("lab", "up", "--slurm", "--name", args.lab, "--hosts", str(args.hosts))
     results: dict[str, Any] = {"lab_up_s": round(took, 1)}
     try:
         if "rolling" in args.only:
-            results["rolling"] = rolling_figures(lab)
+            results["rolling"] = rolling_figures(lab, args.old, args.rounds)
         if "health" in args.only:
             results["health"] = health_figures(lab, args.interval)
     finally:
