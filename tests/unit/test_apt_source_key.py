@@ -1,4 +1,4 @@
-"""apt_source's check of a repository signing key (tasks/key.yml): the task's own command,
+"""apt_source's check of a repository signing key (tasks/key-fetch.yml): the task's own command,
 rendered by Ansible's templar from the role's files and run with the real gpg against test keys
 (tests/unit/keys: throw-away identities), and each repository role's published fingerprints."""
 
@@ -17,7 +17,7 @@ ROLES = Path(__file__).resolve().parents[2] / "roles"
 KEYS = Path(__file__).resolve().parent / "keys"
 ONE = "A7CBA431456D364F1B34163591A975D60BE2107F"  # keys/one.asc
 TWO = "1FC569FA05221567E3E17861D74A5D5E718FFFBA"  # with ONE in keys/one-and-two.gpg
-CHECK = next(t for t in yaml.safe_load((ROLES / "apt_source/tasks/key.yml").read_text())
+CHECK = next(t for t in yaml.safe_load((ROLES / "apt_source/tasks/key-fetch.yml").read_text())
              if t["name"] == "Check the repository signing key's fingerprints")
 VARS = yaml.safe_load((ROLES / "apt_source/vars/main.yml").read_text())
 DEFAULTS = yaml.safe_load((ROLES / "apt_source/defaults/main.yml").read_text())
@@ -122,3 +122,41 @@ def test_each_repository_role_checks_its_vendors_key_by_default(role: str, varia
     block = next(t for t in yaml.safe_load(setup) if "block" in t)["vars"]
     assert block["apt_source_key_fingerprints_var"] == variable
     assert variable in block["apt_source_key_fingerprints"]
+
+
+def current(keyring: Path, fingerprints: list[str], **given: Any) -> bool:
+    """__apt_source_key_current as the role sees it after apt_source_dpkg read the host."""
+    import sys
+
+    sys.path.insert(0, str(ROLES / "apt_source" / "library"))
+    from apt_source_dpkg import _first_line, _sha256
+
+    probe = {"keyring_sha256": _sha256(str(keyring)),
+             "keyring_stamp": _first_line(f"{keyring}.verified")}
+    variables = role_vars(**{"apt_source_keyring": str(keyring),
+                             "apt_source_key_fingerprints": fingerprints,
+                             "apt_source_key_url": "https://repo.example/gpgkey",
+                             "apt_source_dpkg": probe, **given})
+    return render("{{ __apt_source_key_current | bool }}", **variables) is True
+
+
+def test_a_checked_key_is_stamped_and_left_alone_until_anything_changes(keyring: Any) -> None:
+    """A converged host skips the download and gpg: the check stamps the keyring, and the stamp
+    holds only for that keyring, origin and fingerprint list."""
+    path = keyring("one.asc")
+    assert not current(path, [ONE])  # never checked
+    assert check(path, [ONE]).returncode == 0
+    assert current(path, [ONE])
+    assert not current(path, [ONE, TWO])  # the pinned list changed
+    assert not current(path, [ONE], apt_source_key_url="https://other.example/key")
+    assert not current(path, [])  # nothing pinned: always fetched and checked, as before
+    path.write_bytes(path.read_bytes() + b"\n")  # the keyring changed on the host
+    assert not current(path, [ONE])
+
+
+def test_a_refused_key_takes_its_stamp_with_it(keyring: Any) -> None:
+    path = keyring("one.asc")
+    assert check(path, [ONE]).returncode == 0
+    assert check(path, [TWO]).returncode == 1
+    assert not path.exists() and not Path(f"{path}.verified").exists()
+

@@ -66,3 +66,17 @@ def test_a_dpkg_query_that_fails_fails_the_task(tmp_path: Path, rc: int) -> None
     out = run_module(tmp_path, {"packages": ["nvidia-open"]}, rc=rc)
     assert out["failed"] is True
     assert f"rc {rc}" in out["msg"] and "no packages found" in out["msg"]
+
+
+def test_a_keyring_is_read_with_its_stamp(tmp_path: Path) -> None:
+    import hashlib
+
+    keyring = tmp_path / "demo.asc"
+    out = run_module(tmp_path, {"keyring": str(keyring)})
+    assert (out["keyring_sha256"], out["keyring_stamp"]) == ("", "")  # absent: never current
+    keyring.write_bytes(b"key bytes")
+    (tmp_path / "demo.asc.verified").write_text("abc https://x/key FPR\nignored\n")
+    out = run_module(tmp_path, {"keyring": str(keyring)})
+    assert out["keyring_sha256"] == hashlib.sha256(b"key bytes").hexdigest()
+    assert out["keyring_stamp"] == "abc https://x/key FPR"
+    assert run_module(tmp_path, {})["keyring_sha256"] == ""  # no keyring asked for

@@ -24,6 +24,12 @@ options:
     type: list
     elements: str
     default: []
+  keyring:
+    description:
+      - A repository's keyring file; its SHA-256 and the stamp beside it (C(KEYRING.verified),
+        written when its fingerprints were last checked) are returned.
+    type: str
+    default: ""
 author: umprov contributors (@umprov)
 """
 
@@ -52,6 +58,14 @@ missing:
   description: The prerequisites that are not installed, in the order given.
   type: list
   returned: always
+keyring_sha256:
+  description: The SHA-256 of O(keyring); empty when it is absent or none was given.
+  type: str
+  returned: always
+keyring_stamp:
+  description: The first line of C(KEYRING.verified); empty when it is absent.
+  type: str
+  returned: always
 blind:
   description: >-
     Check mode on a host without python3-apt or python3-debian: check mode cannot install
@@ -59,6 +73,8 @@ blind:
   type: bool
   returned: always
 """
+
+import hashlib
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -91,6 +107,7 @@ def main() -> None:
         argument_spec={
             "packages": {"type": "list", "elements": "str", "default": []},
             "prerequisites": {"type": "list", "elements": "str", "default": []},
+            "keyring": {"type": "str", "default": "", "no_log": False},  # a path, no secret
         },
         supports_check_mode=True,
     )
@@ -103,7 +120,33 @@ def main() -> None:
     installed, held = parse(out)
     missing = [name for name in module.params["prerequisites"] if name not in installed]
     blind = module.check_mode and any(name not in installed for name in APT_BINDINGS)
-    module.exit_json(changed=False, installed=installed, held=held, missing=missing, blind=blind)
+    keyring = module.params["keyring"]
+    module.exit_json(changed=False, installed=installed, held=held, missing=missing, blind=blind,
+                     keyring_sha256=_sha256(keyring), keyring_stamp=_first_line(
+                         f"{keyring}.verified" if keyring else ""))
+
+
+def _sha256(path: str) -> str:
+    if not path:
+        return ""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 16), b""):
+                digest.update(chunk)
+    except OSError:
+        return ""
+    return digest.hexdigest()
+
+
+def _first_line(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":
