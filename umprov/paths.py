@@ -82,6 +82,9 @@ def _holds_content(folder: Path) -> bool:
             and (folder / "roles" / "gpu_preflight").is_dir())
 
 
+_PRIVATE_MADE: set[Path] = set()  # state folders made private in this process
+
+
 def state_dir() -> Path:
     """Private per-user state: container known_hosts, Jupyter tokens, logs, run artifacts."""
     env = os.environ.get("UMPROV_STATE_DIR")
@@ -94,9 +97,6 @@ def state_dir() -> Path:
         private_dir(base)
         _PRIVATE_MADE.add(base)
     return base
-
-
-_PRIVATE_MADE: set[Path] = set()
 
 
 def safe_name(name: str, what: str = "name") -> str:

@@ -50,8 +50,11 @@ def ssh_config_path(host_name: str) -> Path:
     return host_file("ssh", host_name, ".conf")
 
 
+CONNECTIONS = "connections"  # the folder of the connection records
+
+
 def connection_path(host_name: str) -> Path:
-    return host_file("connections", host_name, ".json")
+    return host_file(CONNECTIONS, host_name, ".json")
 
 
 def forget(host_name: str) -> list[Path]:
@@ -73,7 +76,7 @@ def _forget_tunnel_port(host_name: str) -> None:
     with locked(path):
         ports = _tunnel_ports(path)
         if ports.pop(host_name, None) is not None:
-            write_atomic(path, json.dumps(ports, indent=1, sort_keys=True), 0o600)
+            _save_tunnel_ports(path, ports)
 
 
 def container_alias(host_name: str) -> str:
@@ -229,7 +232,7 @@ def tunnel_port(host_name: str) -> int:
         if host_name not in ports:
             used = set(ports.values())
             ports[host_name] = next(p for p in range(TUNNEL_BASE, 65536) if p not in used)
-            write_atomic(path, json.dumps(ports, indent=1, sort_keys=True), 0o600)
+            _save_tunnel_ports(path, ports)
         return ports[host_name]
 
 
@@ -241,12 +244,16 @@ def _tunnel_ports(path: Path) -> dict[str, int]:
         if isinstance(data, dict):
             return {str(k): int(v) for k, v in data.items()}
     ports: dict[str, int] = {}
-    for record_path in connection_path("x").parent.glob("*.json"):
+    for record_path in (state_dir() / CONNECTIONS).glob("*.json"):
         # A record of an older umprov may have no tunnel port; an unreadable one holds none.
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
             record = json.loads(record_path.read_text())
             ports[str(record["host"])] = int(record["tunnel_port"])
     return ports
+
+
+def _save_tunnel_ports(path: Path, ports: dict[str, int]) -> None:
+    write_atomic(path, json.dumps(ports, indent=1, sort_keys=True), 0o600)
 
 
 def load_connection(host_name: str) -> dict[str, Any] | None:

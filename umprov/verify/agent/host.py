@@ -57,9 +57,9 @@ class Agent:
         self.monitor: Child | None = None
         self.pids: set[int] = {os.getpid()}  # this run's processes (left out of gpu.processes)
         self.next_progress = 0.0
-        # managed.oversubscription's children, each waiting for its GPU's per-GPU child
+        # managed.oversubscription's children, and the per-GPU children whose end lets them in
         self.oversub: dict[int, Child] = {}
-        self.oversub_after: dict[int, tuple[Child, Child]] = {}
+        self.oversub_after: dict[int, Child] = {}
         self.profiles, self.forced = profiles_for(args.profile_file, args.profile)
         self.profile = self.profiles["generic"]
 
@@ -168,7 +168,7 @@ class Agent:
         # child has ended (tick), before the collectives.
         oversub = {} if self.quick else {i: self._oversub_child(i, threads)
                                          for i in range(len(devices))}
-        self.oversub_after = {i: (c, gpu_children[i]) for i, c in oversub.items()}
+        self.oversub_after = {i: gpu_children[i] for i in oversub}
         self._wait(disc_child, [*gpu_children.values(), *oversub.values()], ranks, gate)
         self._end_monitor()
         self.oversub = oversub
@@ -226,7 +226,7 @@ class Agent:
         mon = self.monitor
         if mon is not None and mon.rc is None and mon.poll():
             open_gate(self.path("cuda.gate"))
-        for i, (_oversub, gpu_child) in list(self.oversub_after.items()):
+        for i, gpu_child in list(self.oversub_after.items()):
             # its last check done (its CUDA context may still be closing), or it ended
             if gpu_child.poll() or any(e.get("ev") == "done" for e in gpu_child.events()):
                 del self.oversub_after[i]

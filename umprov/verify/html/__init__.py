@@ -81,16 +81,18 @@ def render_pages(docs: Sequence[dict], *, seconds: float | None = None,
         shown = [t for t in trends if t.regressions or t.host not in paged_names]
         body += ["<h2>Trends: each host against its own history</h2>",
                  trend_html.section(shown)]
-    pages = {}
-    for i, name in files.items():
-        doc = docs[i]
-        trend = by_host.get(str(doc.get("host")))
-        back = (f'<p><a href="../{escape(main_name)}">{escape(title)}</a></p>'
-                if main_name else "")
-        extra = "" if trend is None else "<h2>Trends</h2>" + trend_html.section([trend])
-        pages[name] = page(f"{doc.get('host')}: {title}",
-                           back + host.section(i, doc, outcomes[i], open_=True) + extra)
+    pages = {name: _host_page(i, docs[i], outcomes[i], by_host.get(str(docs[i].get("host"))),
+                              title, main_name) for i, name in files.items()}
     return page(title, "".join(body)), pages
+
+
+def _host_page(index: int, doc: dict, verdict: str, trend: HostTrend | None, title: str,
+               main_name: str) -> str:
+    """One host's page of its own: a link back to the report, its section, its trends."""
+    back = f'<p><a href="../{escape(main_name)}">{escape(title)}</a></p>' if main_name else ""
+    extra = "" if trend is None else "<h2>Trends</h2>" + trend_html.section([trend])
+    return page(f"{doc.get('host')}: {title}",
+                back + host.section(index, doc, verdict, open_=True) + extra)
 
 
 def _file_name(index: int, host_name: str) -> str:
