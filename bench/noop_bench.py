@@ -1,12 +1,15 @@
 """A converged host's cost: `site.yml` with nothing to change against trivial tasks.
 
     sudo .venv/bin/python bench/noop_bench.py [--lab bench-noop] [--hosts 8] [--rounds 3]
+                                              [--tasks 58] [--old CHECKOUT]
 
 On one lab (converged once first, not timed), interleaved round by round, both through
 `umprov provision` (ansible-runner, umprov's strategy), from a scratch project that holds
 umprov's ansible.cfg, roles and playbooks plus one more playbook: as many `ansible.builtin.ping`
 tasks as site.yml starts per host on a converged host (the baseline: Ansible's floor per task).
-Reports each run's wall time, the tasks ok / changed / skipped per host, and the ratio.
+Reports each run's wall time, the tasks ok / changed / skipped per host, and the ratio. With
+--old, site.yml from another checkout's roles and playbooks runs too, in the same rounds (the
+before of a change; `git worktree add /tmp/old REV`).
 Results: bench/results/noop.json.
 """
 
@@ -49,14 +52,14 @@ def counts(doc: dict) -> dict:
     return {k: first.get(k) for k in ("ok", "changed", "skipped", "failed") if k in first}
 
 
-def project(work: Path, tasks: int) -> Path:
+def project(work: Path, tasks: int, source: Path = REPO) -> Path:
     root = work / "project"
     (root / "playbooks").mkdir(parents=True)
-    shutil.copy(REPO / "ansible.cfg", root / "ansible.cfg")
-    (root / "roles").symlink_to(REPO / "roles")
-    (root / "playbooks" / "roles").symlink_to(REPO / "roles")
+    shutil.copy(source / "ansible.cfg", root / "ansible.cfg")
+    (root / "roles").symlink_to(source / "roles")
+    (root / "playbooks" / "roles").symlink_to(source / "roles")
     (root / "inventory").symlink_to(REPO / "inventory")
-    for play in (REPO / "playbooks").glob("*.yml"):
+    for play in (source / "playbooks").glob("*.yml"):
         (root / "playbooks" / play.name).symlink_to(play)
     pings = [{"name": f"ping {i}", "ansible.builtin.ping": {}} for i in range(tasks)]
     (root / "playbooks" / "pings.yml").write_text(json.dumps([
@@ -72,6 +75,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=0,
                     help="ping tasks (default: as many as site.yml starts per host)")
+    ap.add_argument("--old", type=Path, help="another checkout whose site.yml runs too")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     subprocess.run([sys.executable, "-m", "umprov", "lab", "up", "--name", args.lab,
@@ -86,18 +90,30 @@ def main() -> None:
             started = sum(v for k, v in site_counts.items() if k in ("ok", "changed",
                                                                      "skipped"))
             tasks = args.tasks or started or 57
-            root = project(Path(tmp) / "b", tasks)
-            times: dict[str, list[float]] = {"site": [], "pings": []}
+            roots = {"site": project(Path(tmp) / "b", tasks)}
+            roots["pings"] = roots["site"]
+            if args.old:
+                roots["old"] = project(Path(tmp) / "old", 1, args.old.resolve())
+                _, doc = umprov(roots["old"], "provision", inventory)
+                old_counts = counts(doc)
+            times: dict[str, list[float]] = {name: [] for name in roots}
             for r in range(args.rounds):
-                order = ("site", "pings") if r % 2 == 0 else ("pings", "site")
+                order = list(roots) if r % 2 == 0 else list(reversed(roots))
                 for name in order:
-                    playbook = [] if name == "site" else ["--playbook", "pings.yml"]
-                    took, _ = umprov(root, "provision", inventory, *playbook)
+                    playbook = ["--playbook", "pings.yml"] if name == "pings" else []
+                    took, doc = umprov(roots[name], "provision", inventory, *playbook)
+                    if name != "pings" and any(h.get("changed") for h in doc.get("hosts", [])):
+                        raise SystemExit(f"{name}: the no-op changed something: {counts(doc)}")
                     times[name].append(round(took, 2))
-            site, pings = statistics.median(times["site"]), statistics.median(times["pings"])
-            save("noop", {"hosts": args.hosts, "site_counts_per_host": site_counts,
-                          "ping_tasks": tasks, "runs_s": times, "site_s": site,
-                          "pings_s": pings, "ratio": round(site / pings, 2)})
+            medians = {name: statistics.median(runs) for name, runs in times.items()}
+            result = {"hosts": args.hosts, "site_counts_per_host": site_counts,
+                      "ping_tasks": tasks, "runs_s": times, "site_s": medians["site"],
+                      "pings_s": medians["pings"],
+                      "ratio": round(medians["site"] / medians["pings"], 2)}
+            if args.old:
+                result.update(old_counts_per_host=old_counts, old_s=medians["old"],
+                              old_ratio=round(medians["old"] / medians["pings"], 2))
+            save("noop", result)
     finally:
         if not args.keep:
             subprocess.run([sys.executable, "-m", "umprov", "lab", "down", "--name", args.lab],

@@ -254,6 +254,40 @@ def test_second_run_changes_nothing(prov_lab: Lab, first_run: Provisioned) -> No
         assert host["roles"]["nvidia_driver_status"]["action"] == "installed"
 
 
+def test_drift_on_a_converged_host_is_found_and_repaired(
+    prov_lab: Lab, first_run: Provisioned
+) -> None:
+    """A converged host skips its repository, file and unit steps in one task each (the probe
+    reads their state): a source, a config file, a rule or a unit changed by hand must still be
+    found, shown by check mode, put back, and then left alone."""
+    assert first_run.exit_code == 0, first_run.explain()
+    host = prov_lab.hosts[0]
+    cuda = "/etc/apt/sources.list.d/umprov-nvidia-cuda.sources"
+    nouveau = "/etc/modprobe.d/blacklist-nouveau.conf"
+    rule = "/etc/udev/rules.d/71-umprov-nvidia-dev-char.rules"
+    wanted = {path: host.read(path) for path in (cuda, nouveau)}
+    host.sudo(f"sed -i 's/^Enabled: yes/Enabled: no/' {cuda} && echo '# mine' >> {nouveau}"
+              f" && chmod 0600 {rule} && systemctl disable --quiet nvidia-persistenced")
+
+    check = provision(PROV, "--check", "--limit", host.name)
+    assert check.exit_code == 0, check.explain()
+    assert check.hosts[host.name]["changed"] >= 4, check.hosts[host.name]["changed_tasks"]
+    assert "Enabled: no" in host.read(cuda)
+
+    fixed = provision(PROV, "--limit", host.name)
+    assert fixed.exit_code == 0, fixed.explain()
+    changed = " | ".join(fixed.hosts[host.name]["changed_tasks"])
+    for step in ("repository source", "Blacklist nouveau", "udev rule", "persistence daemon"):
+        assert step in changed, changed
+    assert {path: host.read(path) for path in (cuda, nouveau)} == wanted
+    assert host.check(f"stat -c %a {rule}").strip() == "644"
+    assert host.check("systemctl is-enabled nvidia-persistenced").strip() == "enabled"
+
+    again = provision(PROV, "--limit", host.name)
+    assert again.exit_code == 0, again.explain()
+    assert again.hosts[host.name]["changed"] == 0, again.hosts[host.name]["changed_tasks"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Check mode and faults, on their own lab
 

@@ -83,3 +83,42 @@ def test_preflight_passes_the_controllers_version_and_the_roles_minimum():
     pyproject = (role.parents[1] / "pyproject.toml").read_text()
     runtime = (role.parents[1] / "collection" / "meta" / "runtime.yml").read_text()
     assert f'"ansible-core>={minimum}' in pyproject and f">={minimum}.0" in runtime
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Module:
+    """The part of AnsibleModule check_inputs uses: its params, warnings and failure."""
+
+    def __init__(self, **params: Any) -> None:
+        self.params = {"ansible_version": "2.19.0", "ansible_minimum": "2.17",
+                       "os_family_supported": True, "os_supported": True,
+                       "os_message": "Unsupported OS on gpu1: Rocky 9.4.",
+                       "fail_on_unsupported_os": True, "unknown_variables": [],
+                       "fail_on_unknown_variables": True, "value_rules": {}, "values": {},
+                       **params}
+        self.warnings: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+    def fail_json(self, msg: str) -> None:
+        raise _Refused(msg)
+
+
+@pytest.mark.parametrize("fail_on_unsupported_os", [True, False])
+def test_a_family_without_apt_is_refused_whatever_the_os_flag_says(facts, fail_on_unsupported_os):
+    """The roles have apt tasks only: a Rocky host must stop in preflight, not skip its setup."""
+    module = _Module(os_family_supported=False, os_supported=False,
+                     fail_on_unsupported_os=fail_on_unsupported_os)
+    said = r"Rocky 9\.4\. Nothing was changed on this host: umprov's roles install with apt"
+    with pytest.raises(_Refused, match=said):
+        facts.check_inputs(module)
+
+
+def test_an_untried_release_of_an_apt_family_only_warns_when_allowed(facts):
+    module = _Module(os_supported=False, fail_on_unsupported_os=False)
+    facts.check_inputs(module)
+    assert module.warnings and "Continuing" in module.warnings[0]

@@ -24,16 +24,17 @@ def _trusted(value: Any) -> Any:
     return value
 
 
-def render(expr: str, *, driver: dict[str, Any], nvswitch: bool, **extra: Any) -> Any:
+def render(expr: str, *, driver: dict[str, Any], nvswitch: bool, distribution: str = "Ubuntu",
+           **extra: Any) -> Any:
     """What the role computes on a host with these facts (Ansible trusts its role files)."""
     from ansible.template import Templar, trust_as_template
 
     variables: dict[str, Any] = {}
-    for name in ("defaults/main.yml", "vars/Debian.yml", "vars/main.yml"):
+    for name in ("defaults/main.yml", "vars/main.yml"):
         variables.update(_trusted(yaml.safe_load((ROLE / name).read_text())))
     variables.update(
         inventory_hostname="gpu1",
-        ansible_facts={"distribution": "Ubuntu", "distribution_version": "24.04",
+        ansible_facts={"distribution": distribution, "distribution_version": "24.04",
                        "distribution_major_version": "24", "architecture": "x86_64",
                        "os_family": "Debian"},
         gpu_preflight_driver={"answers": True, "branch": "580", "version": "580.95.05",
@@ -81,3 +82,15 @@ def test_foreign_driver_of_another_branch_is_still_refused() -> None:
     problems = render(PROBLEMS, driver={"managed_by": "foreign", "branch": "570",
                                         "version": "570.1"}, nvswitch=False)
     assert len(problems) == 1 and "does not match branch 580" in problems[0]
+
+
+@pytest.mark.parametrize(("distribution", "first", "dkms"), [
+    ("Ubuntu", "nvidia-headless-no-dkms-580-server-open", False),
+    ("Debian", "nvidia-driver", True),
+    ("Linuxmint", "nvidia-driver", True),  # another apt distribution gets Debian's packages
+])
+def test_the_distributions_packages_follow_the_distribution(distribution, first, dkms) -> None:
+    chosen = {"driver": {}, "nvswitch": False, "distribution": distribution,
+              "nvidia_driver_source": "distribution", "nvidia_driver_kernel_module": "open"}
+    assert render("{{ __nvidia_driver_versioned }}", **chosen)[0] == first
+    assert render("{{ __nvidia_driver_dkms }}", **chosen) is dkms

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # Copyright: umprov contributors
 # Apache License 2.0 (see pyproject.toml)
-"""Read what dpkg has installed and held of some packages, in one dpkg-query."""
+"""Read what dpkg has installed and held of some packages, in one dpkg-query, and what a role's
+converge decision needs besides: its keyring and source file, its own files and systemd units."""
 
 from __future__ import annotations
 
@@ -30,6 +31,26 @@ options:
         written when its fingerprints were last checked) are returned.
     type: str
     default: ""
+  source:
+    description:
+      - A deb822 source file; its mode and its paragraphs (field to value) are returned, so the
+        caller can tell whether deb822_repository would leave it as it is.
+    type: str
+    default: ""
+  files:
+    description:
+      - Files the calling role writes whole; each one's SHA-256, mode, owner and group are returned,
+        so the role can skip its copy tasks where they would change nothing.
+    type: list
+    elements: str
+    default: []
+  units:
+    description:
+      - systemd units the calling role enables; each one's C(systemctl is-enabled) state
+        is returned.
+    type: list
+    elements: str
+    default: []
 author: umprov contributors (@umprov)
 """
 
@@ -66,6 +87,23 @@ keyring_stamp:
   description: The first line of C(KEYRING.verified); empty when it is absent.
   type: str
   returned: always
+source:
+  description: >-
+    O(source)'s mode (octal text) and paragraphs, each a dict of its fields (continuation
+    lines joined with newlines); empty when it is absent, unreadable or none was given.
+  type: dict
+  returned: always
+files:
+  description: >-
+    For each of O(files), "SHA256 MODE OWNER GROUP" (mode as octal text); empty when it is absent
+    or unreadable.
+  type: dict
+  returned: always
+units:
+  description: >-
+    For each of O(units), what C(systemctl is-enabled) printed; empty when it printed nothing.
+  type: dict
+  returned: always
 blind:
   description: >-
     Check mode on a host without python3-apt or python3-debian: check mode cannot install
@@ -74,7 +112,12 @@ blind:
   returned: always
 """
 
+import grp
 import hashlib
+import os
+import pwd
+import shutil
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -108,6 +151,9 @@ def main() -> None:
             "packages": {"type": "list", "elements": "str", "default": []},
             "prerequisites": {"type": "list", "elements": "str", "default": []},
             "keyring": {"type": "str", "default": "", "no_log": False},  # a path, no secret
+            "source": {"type": "str", "default": ""},
+            "files": {"type": "list", "elements": "str", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -123,7 +169,78 @@ def main() -> None:
     keyring = module.params["keyring"]
     module.exit_json(changed=False, installed=installed, held=held, missing=missing, blind=blind,
                      keyring_sha256=_sha256(keyring), keyring_stamp=_first_line(
-                         f"{keyring}.verified" if keyring else ""))
+                         f"{keyring}.verified" if keyring else ""),
+                     source=read_source(module.params["source"]),
+                     files={path: file_state(path) for path in module.params["files"]},
+                     units=unit_states(module, module.params["units"]))
+
+
+def parse_deb822(text: str) -> list[dict[str, str]]:
+    """A deb822 file's paragraphs: fields in the order met, continuation lines joined by a
+    newline, comments dropped (apt reads it the same way)."""
+    paragraphs: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    last = ""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if current:
+                paragraphs.append(current)
+            current, last = {}, ""
+        elif line[:1] in (" ", "\t") and last:
+            current[last] += "\n" + line.strip()
+        elif ":" in line:
+            name, value = line.split(":", 1)
+            last = name.strip()
+            current[last] = value.strip()
+    if current:
+        paragraphs.append(current)
+    return paragraphs
+
+
+def read_source(path: str) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
+            text = fh.read()
+    except OSError:
+        return {}
+    return {"mode": "%04o" % mode, "paragraphs": parse_deb822(text)}
+
+
+def file_state(path: str) -> str:
+    """"SHA256 MODE OWNER GROUP" of a regular file, as copy would compare it; "" otherwise."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ""
+    sha = _sha256(path)
+    if not stat.S_ISREG(info.st_mode) or not sha:
+        return ""
+    return "%s %04o %s %s" % (sha, stat.S_IMODE(info.st_mode), _name(pwd.getpwuid, info.st_uid),
+                              _name(grp.getgrgid, info.st_gid))
+
+
+def _name(lookup, ident: int) -> str:
+    try:
+        return lookup(ident)[0]
+    except KeyError:
+        return str(ident)
+
+
+def unit_states(module: AnsibleModule, units: list[str]) -> dict[str, str]:
+    systemctl = shutil.which("systemctl")
+    if not systemctl:
+        return {unit: "" for unit in units}
+    states = {}
+    for unit in units:
+        # rc 1 for disabled or unknown units: the printed state is the answer.
+        _rc, out, _err = module.run_command([systemctl, "is-enabled", unit])
+        states[unit] = out.strip().splitlines()[0] if out.strip() else ""
+    return states
 
 
 def _sha256(path: str) -> str:

@@ -39,6 +39,12 @@ options:
     description: Whether the controller found the host's OS among the supported ones.
     type: bool
     default: true
+  os_family_supported:
+    description:
+      - Whether the host's OS family is one the roles have tasks for (apt's); always fails
+        otherwise, whatever O(fail_on_unsupported_os) says.
+    type: bool
+    default: true
   os_message:
     description: What to say when the OS is not supported.
     type: str
@@ -461,7 +467,13 @@ def check_inputs(module):
     old = ansible_too_old(params["ansible_version"], params["ansible_minimum"])
     if old:
         problems.append(old)
-    if not params["os_supported"]:
+    if not params["os_family_supported"]:
+        # Not a release umprov has not tried but a family it has no tasks for: no flag lets it on.
+        problems.append(
+            "%s Nothing was changed on this host: umprov's roles install with apt (the Debian "
+            "family) only." % (params["os_message"] or "Unsupported operating system.")
+        )
+    elif not params["os_supported"]:
         text = params["os_message"] or "Unsupported operating system."
         if params["fail_on_unsupported_os"]:
             problems.append(
@@ -528,6 +540,7 @@ def main():
             driver_packages=dict(type="list", elements="str", default=[]),
             command_timeout=dict(type="int", default=30),
             os_supported=dict(type="bool", default=True),
+            os_family_supported=dict(type="bool", default=True),
             os_message=dict(type="str", default=""),
             fail_on_unsupported_os=dict(type="bool", default=True),
             unknown_variables=dict(type="list", elements="str", default=[]),
