@@ -94,8 +94,6 @@ class _Module:
 
     def __init__(self, **params: Any) -> None:
         self.params = {"ansible_version": "2.19.0", "ansible_minimum": "2.17",
-                       "os_family_supported": True, "os_supported": True,
-                       "os_message": "Unsupported OS on gpu1: Rocky 9.4.",
                        "fail_on_unsupported_os": True, "unknown_variables": [],
                        "fail_on_unknown_variables": True, "value_rules": {}, "values": {},
                        **params}
@@ -108,17 +106,49 @@ class _Module:
         raise _Refused(msg)
 
 
+SUPPORTED = {"Ubuntu": ["22.04", "24.04"], "Debian": [12]}
+
+
+def os_facts(name: str, version: str, family: str, release: str = "") -> dict[str, str]:
+    return {"ansible_distribution": name, "ansible_distribution_version": version,
+            "ansible_distribution_major_version": version.split(".")[0],
+            "ansible_distribution_release": release, "ansible_os_family": family}
+
+
+@pytest.mark.parametrize(("host_facts", "supported", "family"), [
+    (os_facts("Debian", "12.7", "Debian", "bookworm"), True, True),  # 12.x by its major version
+    (os_facts("Ubuntu", "24.04", "Debian", "noble"), True, True),
+    (os_facts("Ubuntu", "25.04", "Debian"), False, True),  # an untried release of an apt family
+    (os_facts("Rocky", "9.4", "RedHat"), False, False),
+])
+def test_the_os_is_judged_from_the_facts_the_module_gathers(facts, host_facts, supported, family):
+    said = facts.os_check(host_facts, SUPPORTED, "gpu1")
+    assert (said["supported"], said["family_supported"]) == (supported, family)
+    assert said["message"].startswith(f"Unsupported OS on gpu1: {host_facts['ansible_distribution']}")
+    assert said["message"].endswith("umprov supports Ubuntu 22.04/24.04, Debian 12.")
+
+
 @pytest.mark.parametrize("fail_on_unsupported_os", [True, False])
 def test_a_family_without_apt_is_refused_whatever_the_os_flag_says(facts, fail_on_unsupported_os):
     """The roles have apt tasks only: a Rocky host must stop in preflight, not skip its setup."""
-    module = _Module(os_family_supported=False, os_supported=False,
-                     fail_on_unsupported_os=fail_on_unsupported_os)
-    said = r"Rocky 9\.4\. Nothing was changed on this host: umprov's roles install with apt"
+    module = _Module(fail_on_unsupported_os=fail_on_unsupported_os)
+    rocky = facts.os_check(os_facts("Rocky", "9.4", "RedHat", "Blue Onyx"), SUPPORTED, "gpu1")
+    said = r"Rocky 9\.4 \(Blue Onyx\)\. .* Nothing was changed on this host: umprov's roles"
     with pytest.raises(_Refused, match=said):
-        facts.check_inputs(module)
+        facts.check_inputs(module, rocky)
 
 
 def test_an_untried_release_of_an_apt_family_only_warns_when_allowed(facts):
-    module = _Module(os_supported=False, fail_on_unsupported_os=False)
-    facts.check_inputs(module)
+    module = _Module(fail_on_unsupported_os=False)
+    facts.check_inputs(module, facts.os_check(os_facts("Ubuntu", "25.04", "Debian"), SUPPORTED, "g"))
     assert module.warnings and "Continuing" in module.warnings[0]
+
+
+def test_the_module_gathers_the_minimal_facts_setup_would(facts):
+    """The plays gather no facts: the preflight's one call must return what setup's min subset
+    does, or the roles after it lose ansible_facts.distribution and friends."""
+    gathered = facts.minimal_facts(type("M", (), {"params": {}, "run_command": None,
+                                                  "get_bin_path": lambda *a, **k: None})())
+    for name in ("ansible_distribution", "ansible_os_family", "ansible_service_mgr",
+                 "ansible_architecture", "ansible_kernel", "ansible_distribution_release"):
+        assert name in gathered, name

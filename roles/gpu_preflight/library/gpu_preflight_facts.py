@@ -14,6 +14,8 @@ description:
     the Secure Boot state (mokutil when present, else EFI variables; no EFI means disabled),
     the running and installed kernels and their headers, and the installed NVIDIA driver
     (asking nvidia-smi and C(/proc/driver/nvidia/version), and dpkg for who installed it).
+  - Gathers the minimal facts (as C(setup) with C(gather_subset=min)) in the same call and
+    returns them as C(ansible_facts), for the OS checks and for the roles after it.
   - Changes nothing; supports check mode.
 options:
   gpu_models:
@@ -35,18 +37,14 @@ options:
     description: Seconds nvidia-smi and mokutil may take before they count as not answering.
     type: int
     default: 30
-  os_supported:
-    description: Whether the controller found the host's OS among the supported ones.
-    type: bool
-    default: true
-  os_family_supported:
+  supported_os:
     description:
-      - Whether the host's OS family is one the roles have tasks for (apt's); always fails
-        otherwise, whatever O(fail_on_unsupported_os) says.
-    type: bool
-    default: true
-  os_message:
-    description: What to say when the OS is not supported.
+      - Distribution (as Ansible names it) to the versions umprov supports; a version matches the
+        distribution's version or its major version.
+    type: dict
+    default: {}
+  host:
+    description: The inventory name of the host, for the messages.
     type: str
     default: ""
   fail_on_unsupported_os:
@@ -115,6 +113,16 @@ driver:
   description: installed NVIDIA driver, whether it answers, and who manages it.
   type: dict
   returned: always
+os:
+  description: >-
+    The host's OS as the checks saw it: name ("Debian 12"), family, supported (a release umprov
+    supports), family_supported (a family with apt).
+  type: dict
+  returned: always
+ansible_facts:
+  description: The minimal facts, as C(setup) with C(gather_subset=min) returns them.
+  type: dict
+  returned: always
 summary:
   description: >-
     What the roles after the preflight read: gpu_count, gpu_present, gpu_generations,
@@ -131,6 +139,8 @@ import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.facts import ansible_collector, default_collectors
+from ansible.module_utils.facts.namespace import PrefixFactNamespace
 
 NVIDIA_VENDOR = "0x10de"
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -460,21 +470,54 @@ def ansible_too_old(version, minimum):
     )
 
 
-def check_inputs(module):
+# What setup's gather_subset=min collects (ansible-core's setup module names the same set).
+MINIMAL_FACTS = frozenset(["apparmor", "caps", "cmdline", "date_time", "distribution", "dns",
+                           "env", "fips", "local", "lsb", "pkg_mgr", "platform", "python",
+                           "selinux", "service_mgr", "ssh_pub_keys", "user"])
+
+
+def minimal_facts(module):
+    """The facts setup's gather_subset=min returns, with its collectors, in this call."""
+    collector = ansible_collector.get_ansible_collector(
+        all_collector_classes=default_collectors.collectors,
+        namespace=PrefixFactNamespace(namespace_name="ansible", prefix="ansible_"),
+        filter_spec=[], gather_subset=["!all", "min"], gather_timeout=10,
+        minimal_gather_subset=MINIMAL_FACTS)
+    return collector.collect(module=module)
+
+
+def os_check(facts, supported, host):
+    """The host's OS against the supported releases (a version matches the distribution's
+    version or its major version: Ubuntu 22.04, Debian 12 for 12.x) and the apt family."""
+    name = facts.get("ansible_distribution", "") or "unknown"
+    version = str(facts.get("ansible_distribution_version", ""))
+    major = str(facts.get("ansible_distribution_major_version", ""))
+    release = facts.get("ansible_distribution_release", "")
+    family = facts.get("ansible_os_family", "")
+    versions = [str(v) for v in supported.get(name, [])]
+    listed = ", ".join("%s %s" % (n, "/".join(str(v) for v in vs)) for n, vs in supported.items())
+    message = "Unsupported OS on %s: %s %s%s. umprov supports %s." % (
+        host, name, version, " (%s)" % release if release else "", listed)
+    return {"name": ("%s %s" % (name, version)).strip(), "family": family,
+            "supported": name in supported and (version in versions or major in versions),
+            "family_supported": family == "Debian", "message": message}
+
+
+def check_inputs(module, os_state):
     """Stop (or warn) on an unsupported OS or misspelt role variables, before any probe."""
     params = module.params
     problems = []
     old = ansible_too_old(params["ansible_version"], params["ansible_minimum"])
     if old:
         problems.append(old)
-    if not params["os_family_supported"]:
+    if not os_state["family_supported"]:
         # Not a release umprov has not tried but a family it has no tasks for: no flag lets it on.
         problems.append(
             "%s Nothing was changed on this host: umprov's roles install with apt (the Debian "
-            "family) only." % (params["os_message"] or "Unsupported operating system.")
+            "family) only." % os_state["message"]
         )
-    elif not params["os_supported"]:
-        text = params["os_message"] or "Unsupported operating system."
+    elif not os_state["supported"]:
+        text = os_state["message"]
         if params["fail_on_unsupported_os"]:
             problems.append(
                 "%s Nothing was changed on this host. "
@@ -539,9 +582,8 @@ def main():
             nvidia_smi_paths=dict(type="list", elements="path", default=[]),
             driver_packages=dict(type="list", elements="str", default=[]),
             command_timeout=dict(type="int", default=30),
-            os_supported=dict(type="bool", default=True),
-            os_family_supported=dict(type="bool", default=True),
-            os_message=dict(type="str", default=""),
+            supported_os=dict(type="dict", default={}),
+            host=dict(type="str", default=""),
             fail_on_unsupported_os=dict(type="bool", default=True),
             unknown_variables=dict(type="list", elements="str", default=[]),
             fail_on_unknown_variables=dict(type="bool", default=True),
@@ -552,7 +594,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    check_inputs(module)
+    facts = minimal_facts(module)
+    os_state = os_check(facts, module.params["supported_os"], module.params["host"])
+    check_inputs(module, os_state)
     timeout = module.params["command_timeout"]
     models = {str(k).lower().replace("0x", ""): v for k, v in module.params["gpu_models"].items()}
     gpus, switches, proc_switches = pci_devices(models)
@@ -568,6 +612,8 @@ def main():
             generations.append(gpu["generation"])
     module.exit_json(
         changed=False,
+        ansible_facts=facts,
+        os={k: v for k, v in os_state.items() if k != "message"},
         gpus=gpus,
         nvswitch=nvswitch,
         secure_boot=secure_boot(module, timeout),
