@@ -1,6 +1,6 @@
 """umprov's own cost per host at fleet size: hundreds of lightweight hosts, one sshd each.
 
-    sudo .venv/bin/python bench/fleet_bench.py --hosts 16,64,256 [--forks 32]
+    sudo .venv/bin/python bench/fleet_bench.py --hosts 16,64,256 [--forks 32] [--verify]
 
 The hosts: a network namespace of this machine (``umprov-fleet``: nothing in it reaches
 anything outside), one OpenSSH sshd per host on an address of its own (127.0.1.N:22, its own
@@ -14,6 +14,13 @@ driver probe, the engine over SSH), and the baseline measured in the same run: O
 ``ssh HOST true`` for every host, ``--forks`` at a time (xargs -P), the floor of one
 handshake and one command per host. Sampled every 50 ms: the umprov process's resident
 memory, threads and open files. Results: bench/results/fleet.json; curves in bench/README.md.
+
+With --verify, also ``umprov verify --passive``: every host gets a container of its own on the
+shared engine (``umprov_container_name`` fleet-N, ``sleep infinity`` in an image with python3,
+by default the lab's host image), and the agent runs in each (no GPU here: every host fails its
+GPU checks, as designed; the cost is the controller's: the connection, the engine session, the
+agent's upload, its run and its report read back). Its baseline in the same run:
+``ssh HOST docker exec fleet-N true`` for every host, --forks at a time.
 """
 
 from __future__ import annotations
@@ -53,8 +60,8 @@ def address(i: int) -> str:
 
 
 class Fleet:
-    def __init__(self, work: Path, count: int) -> None:
-        self.work, self.count = work, count
+    def __init__(self, work: Path, count: int, image: str | None = None) -> None:
+        self.work, self.count, self.image = work, count, image
         self.procs: list[subprocess.Popen] = []
         self.key = work / "client_key"
 
@@ -90,15 +97,28 @@ class Fleet:
             time.sleep(0.2)
         raise RuntimeError("the sshd processes did not all start")
 
+    def containers(self) -> None:
+        """One container per host for verify to find, on the shared engine, no network."""
+        names = [f"fleet-{i}" for i in range(self.count)]
+        subprocess.run(["docker", "rm", "-f", *names], capture_output=True, check=False)
+        for name in names:
+            sh("docker", "run", "-d", "--name", name, "--network", "none",
+               "--label", "umprov.bench=fleet", "--entrypoint", "sleep", str(self.image),
+               "infinity")
+
     def inventory(self) -> Path:
         path = self.work / "hosts.yml"
         hosts = {f"h{i:04d}": {"ansible_host": address(i), "ansible_user": "root",
-                               "ansible_ssh_private_key_file": str(self.key)}
+                               "ansible_ssh_private_key_file": str(self.key),
+                               "umprov_container_name": f"fleet-{i}"}
                  for i in range(self.count)}
         path.write_text(json.dumps({"all": {"hosts": hosts}}))
         return path
 
     def down(self) -> None:
+        if self.image:
+            subprocess.run(["docker", "rm", "-f", *(f"fleet-{i}" for i in range(self.count))],
+                           capture_output=True, check=False)
         for p in self.procs:
             p.kill()
         for p in self.procs:
@@ -150,13 +170,15 @@ def run_umprov(args: list[str], env: dict) -> dict:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     result = {"seconds": round(seconds, 2), "rc": proc.returncode,
               "cpu_s": round(cpu, 2), **sampler.done()}
-    if proc.returncode not in (0, 1, 6, 11):
+    if proc.returncode not in (0, 1, 6, 11, 12, 13):  # 13: verify without a GPU, as designed
         result["stderr"] = err[-500:]
     with contextlib.suppress(ValueError):
         doc = json.loads(out)
         states: dict[str, int] = {}
         for h in doc.get("hosts", []):
-            if "reachable" in h:  # status
+            if "verdict" in h:  # verify
+                key = h["verdict"]
+            elif "reachable" in h:  # status
                 key = "reachable" if h["reachable"] else "unreachable"
             else:  # trust
                 key = "recorded" if h.get("recorded") else "known"
@@ -179,10 +201,22 @@ def openssh_floor(fleet: Fleet, forks: int) -> float:
     return round(time.perf_counter() - started, 2)
 
 
-def one_size(count: int, forks: int) -> dict:
+def docker_exec_floor(fleet: Fleet, forks: int) -> float:
+    """``ssh HOST docker exec fleet-N true`` for every host, ``forks`` at a time: one handshake
+    and one exec in the host's container, the floor of what verify does per host."""
+    known = fleet.work / "known_hosts_openssh"
+    lines = "\n".join(f"{address(i)} fleet-{i}" for i in range(fleet.count))
+    cmd = (f"xargs -P {forks} -L1 sh -c 'ssh -q -o BatchMode=yes -o UserKnownHostsFile={known} "
+           f"-o StrictHostKeyChecking=yes -i {fleet.key} root@$0 docker exec $1 true'")
+    started = time.perf_counter()
+    subprocess.run(in_ns(["sh", "-c", cmd]), input=lines, text=True, check=True)
+    return round(time.perf_counter() - started, 2)
+
+
+def one_size(count: int, forks: int, image: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="umprov-fleet-") as tmp:
         work = Path(tmp)
-        fleet = Fleet(work, count)
+        fleet = Fleet(work, count, image)
         try:
             fleet.up()
             inv = str(fleet.inventory())
@@ -197,6 +231,17 @@ def one_size(count: int, forks: int) -> dict:
             row["status_cpu_per_host_ms"] = round(row["status"]["cpu_s"] / count * 1000, 1)
             row["status_vs_openssh"] = round(row["status"]["seconds"]
                                              / row["openssh_true_s"], 2)
+            if image:
+                fleet.containers()
+                row["docker_exec_true_s"] = docker_exec_floor(fleet, forks)
+                row["verify_passive"] = run_umprov(["verify", inv, "--passive", "--forks",
+                                                    str(forks), "--json"], env)
+                row["verify_per_host_ms"] = round(row["verify_passive"]["seconds"] / count
+                                                  * 1000, 1)
+                row["verify_cpu_per_host_ms"] = round(row["verify_passive"]["cpu_s"] / count
+                                                      * 1000, 1)
+                row["verify_vs_docker_exec"] = round(row["verify_passive"]["seconds"]
+                                                     / row["docker_exec_true_s"], 2)
             return row
         finally:
             fleet.down()
@@ -206,10 +251,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", default="16,64,256")
     ap.add_argument("--forks", type=int, default=32)
+    ap.add_argument("--verify", action="store_true", help="also umprov verify --passive")
+    ap.add_argument("--image", help="image with python3 for the hosts' containers (--verify; "
+                    "default: the newest umprov-lab-host image)")
     args = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("sshd", path="/usr/sbin:/usr/bin"):
         sys.exit("needs root and Debian's openssh-server (its service may stay off)")
-    rows = [one_size(int(n), args.forks) for n in args.hosts.split(",")]
+    image = None
+    if args.verify:
+        image = args.image or sh("docker", "images", "--format", "{{.Repository}}:{{.Tag}}",
+                                 "umprov-lab-host").stdout.split("\n")[0].strip()
+        if not image:
+            sys.exit("--verify needs an image with python3: --image, or `umprov lab up` once")
+    rows = [one_size(int(n), args.forks, image) for n in args.hosts.split(",")]
     for row in rows:
         print(f"{row['hosts']:5} hosts: openssh {row['openssh_true_s']:6.2f} s  "
               f"trust {row['trust']['seconds']:6.2f} s  status {row['status']['seconds']:6.2f}"
@@ -217,6 +271,12 @@ def main() -> None:
               f"{row['status_cpu_per_host_ms']} ms a host, {row['status_vs_openssh']}x "
               f"openssh)  peak {row['status']['rss_mib']} MiB, {row['status']['threads']} "
               f"threads, {row['status']['open_files']} files", file=sys.stderr)
+        if "verify_passive" in row:
+            v = row["verify_passive"]
+            print(f"{'':11} verify --passive {v['seconds']:6.2f} s ({row['verify_per_host_ms']}"
+                  f" ms a host, umprov's CPU {row['verify_cpu_per_host_ms']} ms a host)  "
+                  f"peak {v['rss_mib']} MiB, {v['threads']} threads, {v['open_files']} files",
+                  file=sys.stderr)
     save("fleet", {"rows": rows})
 
 
