@@ -117,16 +117,30 @@ def pick_port(client: Any, taken: set[int]) -> int:
     raise EnvironmentProblem(f"no free port on 127.0.0.1 from {FIRST_PORT} to {FIRST_PORT + 1999}")
 
 
-def ensure_network(client: Any, name: str) -> bool:
-    """The lab's bridge network; True when it was created."""
-    from docker.errors import NotFound
+def lab_networks(client: Any, name: str) -> list[Any]:
+    """Every network of the lab's name. Docker lets two `lab up` of one name that run at once
+    both create it, and then refuses the name as ambiguous: there can be more than one."""
+    wanted = network_name(name)
+    found = [n for n in client.networks.list(names=[wanted], greedy=True) if n.name == wanted]
+    return sorted(found, key=lambda n: -len(n.attrs.get("Containers") or {}))  # in use first
 
-    try:
-        client.networks.get(network_name(name))
+
+def ensure_network(client: Any, name: str) -> bool:
+    """The lab's bridge network, exactly one of it; True when it was created."""
+    from docker.errors import APIError, NotFound
+
+    found = lab_networks(client, name)
+    for twin in found[1:]:
+        with contextlib.suppress(NotFound, APIError):  # APIError: containers still on it
+            twin.remove()
+    if len(lab_networks(client, name)) > 1:
+        raise EnvironmentProblem(
+            f"two Docker networks are named {network_name(name)}, both in use: "
+            f"umprov lab down --name {name} removes the lab and both")
+    if found:
         return False
-    except NotFound:
-        client.networks.create(network_name(name), driver="bridge", labels={LABEL: name})
-        return True
+    client.networks.create(network_name(name), driver="bridge", labels={LABEL: name})
+    return True
 
 
 def systemd_container(mounts: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:

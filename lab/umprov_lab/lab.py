@@ -220,11 +220,10 @@ def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[
         removed.append(container.name)
         for suffix in ("-docker", "-data"):  # a host's Docker storage, the registry's data
             lab_hosts.remove_volume(client, f"{container.name}{suffix}")
-    try:
-        client.networks.get(network_name(name)).remove()
+    for network in lab_hosts.lab_networks(client, name):  # twins too (lab_networks says why)
+        with contextlib.suppress(NotFound):
+            network.remove()
         removed.append(f"network {network_name(name)}")
-    except NotFound:
-        pass
     inventory = inventory_path(name)
     if inventory.exists():
         inventory.unlink()

@@ -67,3 +67,49 @@ def test_a_container_removed_while_labs_are_listed_is_left_out():
             return ContainerCollection(client=self)
 
     assert [c.name for c in lab_containers(Client())] == ["umprov-lab-a-1"]
+
+
+class Networks:
+    """docker's networks API as it answers after two `lab up` of one name raced: twins."""
+
+    def __init__(self, *containers: int) -> None:
+        self.items = [SimpleNamespace(name="umprov-lab-x", attrs={"Containers": dict.fromkeys(
+            range(n))}, removed=False) for n in containers]
+        for net in self.items:
+            net.remove = lambda net=net: self._remove(net)
+        self.created = 0
+
+    def _remove(self, net) -> None:
+        from docker.errors import APIError
+
+        if net.attrs["Containers"]:
+            raise APIError("network has active endpoints")
+        self.items.remove(net)
+
+    def list(self, names, greedy):
+        assert greedy  # without it the API leaves Containers empty
+        return [n for n in self.items if n.name in names] + [SimpleNamespace(name="other")]
+
+    def create(self, name, **_kw) -> None:
+        self.created += 1
+        self.items.append(SimpleNamespace(name=name, attrs={"Containers": {}}))
+
+
+def test_twin_networks_of_a_lab_are_made_one_keeping_the_one_in_use() -> None:
+    networks = Networks(0, 3, 0)
+    client = SimpleNamespace(networks=networks)
+    assert hosts.ensure_network(client, "x") is False
+    assert [len(n.attrs["Containers"]) for n in networks.items] == [3]
+    assert networks.created == 0
+
+
+def test_twin_networks_both_in_use_stop_with_the_way_out() -> None:
+    client = SimpleNamespace(networks=Networks(2, 1))
+    with pytest.raises(UmprovError, match="umprov lab down --name x"):
+        hosts.ensure_network(client, "x")
+
+
+def test_a_missing_network_is_created_once() -> None:
+    networks = Networks()
+    assert hosts.ensure_network(SimpleNamespace(networks=networks), "x") is True
+    assert networks.created == 1
