@@ -133,7 +133,7 @@ def ensure_network(client: Any, name: str) -> bool:
     for twin in found[1:]:
         with contextlib.suppress(NotFound, APIError):  # APIError: containers still on it
             twin.remove()
-    if len(lab_networks(client, name)) > 1:
+    if len(found) > 1 and len(lab_networks(client, name)) > 1:
         raise EnvironmentProblem(
             f"two Docker networks are named {network_name(name)}, both in use: "
             f"umprov lab down --name {name} removes the lab and both")

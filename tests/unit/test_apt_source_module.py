@@ -80,3 +80,46 @@ def test_a_keyring_is_read_with_its_stamp(tmp_path: Path) -> None:
     assert out["keyring_sha256"] == hashlib.sha256(b"key bytes").hexdigest()
     assert out["keyring_stamp"] == "abc https://x/key FPR"
     assert run_module(tmp_path, {})["keyring_sha256"] == ""  # no keyring asked for
+
+
+def test_a_source_file_is_read_as_apt_reads_it(tmp_path: Path) -> None:
+    source = tmp_path / "umprov-x.sources"
+    source.write_text("# a comment\nEnabled: yes\nX-Repolib-Name: umprov-x\nSuites: /\n"
+                      "Description: one\n  two\n")
+    source.chmod(0o644)
+    out = run_module(tmp_path, {"source": str(source)})
+    assert out["source"] == {"mode": "0644", "paragraphs": [
+        {"Enabled": "yes", "X-Repolib-Name": "umprov-x", "Suites": "/",
+         "Description": "one\ntwo"}]}
+    assert run_module(tmp_path, {"source": str(tmp_path / "absent")})["source"] == {}
+
+
+def test_files_are_read_as_copy_compares_them_and_a_fifo_is_never_read(tmp_path: Path) -> None:
+    import grp
+    import hashlib
+    import pwd
+
+    written = tmp_path / "written.conf"
+    written.write_bytes(b"content\n")
+    written.chmod(0o640)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # reading it would block the module for ever
+    stat = written.stat()
+    sha = hashlib.sha256(b"content\n").hexdigest()
+    out = run_module(tmp_path, {"files": [str(written), str(fifo), str(tmp_path / "absent")]})
+    assert out["files"] == {
+        str(written): f"{sha} 0640 "
+                      f"{pwd.getpwuid(stat.st_uid)[0]} {grp.getgrgid(stat.st_gid)[0]}",
+        str(fifo): "", str(tmp_path / "absent"): ""}
+
+
+def test_units_are_read_from_systemctl_is_enabled(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"
+    # rc 1 and "disabled" for a disabled unit; nothing on stdout for an unknown one.
+    systemctl.write_text('#!/bin/sh\ncase "$2" in a) echo enabled ;; b) echo disabled; exit 1 ;;'
+                         ' *) echo "Failed to get unit file state" >&2; exit 1 ;; esac\n')
+    systemctl.chmod(0o755)
+    out = run_module(tmp_path, {"units": ["a", "b", "c"]})
+    assert out["units"] == {"a": "enabled", "b": "disabled", "c": ""}

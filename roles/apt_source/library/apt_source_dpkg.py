@@ -204,11 +204,11 @@ def read_source(path: str) -> dict:
         return {}
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
+            mode = _mode(os.fstat(fh.fileno()))
             text = fh.read()
     except OSError:
         return {}
-    return {"mode": "%04o" % mode, "paragraphs": parse_deb822(text)}
+    return {"mode": mode, "paragraphs": parse_deb822(text)}
 
 
 def file_state(path: str) -> str:
@@ -217,11 +217,15 @@ def file_state(path: str) -> str:
         info = os.stat(path)
     except OSError:
         return ""
-    sha = _sha256(path)
-    if not stat.S_ISREG(info.st_mode) or not sha:
+    sha = _sha256(path) if stat.S_ISREG(info.st_mode) else ""  # never read a fifo or a device
+    if not sha:
         return ""
-    return "%s %04o %s %s" % (sha, stat.S_IMODE(info.st_mode), _name(pwd.getpwuid, info.st_uid),
-                              _name(grp.getgrgid, info.st_gid))
+    return "%s %s %s %s" % (sha, _mode(info), _name(pwd.getpwuid, info.st_uid),
+                            _name(grp.getgrgid, info.st_gid))
+
+
+def _mode(info: os.stat_result) -> str:
+    return "%04o" % stat.S_IMODE(info.st_mode)
 
 
 def _name(lookup, ident: int) -> str:
