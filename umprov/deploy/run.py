@@ -1,9 +1,11 @@
-"""The whole deploy, in three phases so one host's trouble never stops the others:
+"""The whole deploy, so that one host's trouble never stops the others:
 
-1. connect (in parallel): a docker client per host over verified SSH, and whether the host
-   already has the image (by image ID); ``--pull``: the host's engine pulls it (pull.py);
-2. ``--push``: one local ``docker save`` streamed to every host that lacks it (push.py);
-3. roll out (in parallel): keep or replace the container (rollout.py).
+1. per host, at most ``--forks`` at once: a docker client over verified SSH, whether the host
+   already has the image (by image ID; ``--pull``: the host's engine pulls it, pull.py),
+   and if it has, the roll out (keep or replace the container, rollout.py); then the
+   connection is closed, so a 10,000-host inventory never holds more than --forks open;
+2. ``--push``: the hosts that lack the image, --forks at a time: each connected again, one
+   local ``docker save`` streamed to all of them (push.py), then their roll out.
 
 Ctrl-C or SIGTERM stops every host at its next step (umprov.hosts.fanout); what was cut
 short is taken up by the next run.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from umprov.deploy.options import DeployOptions, settings_for
@@ -49,13 +52,27 @@ def deploy(
     local_image_id: str | None = None
     if opts.delivery == "push":
         local_image_id = _local_image_id(local_client, states)
-    pool = Parallel(workers(forks, len(states))[0])
+    width = workers(forks, len(states))[0]
+    pool = Parallel(width)
     say = until_cancelled(progress, pool.cancel)
+
+    def connect(st: HostState) -> None:
+        _connect(st, opts, local_image_id, say)
+
+    def roll_out(st: HostState) -> None:
+        _roll_out(st, opts, say, pool.cancel)
+
     try:
-        pool.map(lambda st: _connect(st, opts, local_image_id, say), states, "connect")
-        if opts.delivery == "push":
-            push_image(states, local_client, pool, say)
-        pool.map(lambda st: _roll_out(st, opts, say, pool.cancel), states, "rollout")
+        # A host that has the image is rolled out and let go in one go: at most --forks
+        # connections (threads, files) are open, whatever the inventory's size.
+        pool.map(lambda st: _once(st, connect, roll_out), states, "deploy")
+        lacking = [st for st in states if st.live and st.image_id is None]
+        # One docker save streamed to at most --forks hosts at a time, each connected again.
+        for start in range(0, len(lacking), width) if opts.delivery == "push" else ():
+            batch = lacking[start:start + width]
+            pool.map(connect, batch, "connect")
+            push_image(batch, local_client, pool, say)
+            pool.map(lambda st: _once(st, roll_out), batch, "rollout")
     except BaseException:
         pool.stop(close=lambda: _close_clients(states))
         raise
@@ -66,11 +83,25 @@ def deploy(
     return [st.outcome for st in states]
 
 
+def _once(st: HostState, first: Callable[[HostState], None],
+          *then: Callable[[HostState], None]) -> None:
+    """One host's steps, each after the first only once the host has the image; then its
+    connection is closed (a host that lacks it is connected again for the push)."""
+    try:
+        first(st)
+        for step in then:
+            if st.live and st.image_id is not None:
+                step(st)
+    finally:
+        _close_clients([st])
+
+
 def _close_clients(states: list[HostState]) -> None:
     for st in states:
         if st.client is not None:
             with contextlib.suppress(Exception):
                 st.client.close()
+            st.client = None
 
 
 def _local_image_id(local_client: Any, states: list[HostState]) -> str | None:
