@@ -49,14 +49,21 @@ class Markup:
     html: str
 
 
+# A fleet's tables repeat their words (GPU, check and unit names) thousands of times.
+_escaped = functools.lru_cache(maxsize=1 << 14)(escape)
+
+
 def cell(value: Any, col: Col) -> str:
-    if col.number:
-        sort = f' data-v="{value!r}"' if numeric(value) else ""
-        return f'<td class="num"{sort}>{escape(fmt(value))}</td>'
-    if isinstance(value, Markup):
+    number = numeric(value)
+    if isinstance(value, Markup) and not col.number:
         return f"<td>{value.html}</td>"
+    # A number's text (digits, sign, point, exponent) has nothing to escape.
+    shown = fmt(value) if number else _escaped(fmt(value))
+    if col.number:
+        sort = f' data-v="{value!r}"' if number else ""
+        return f'<td class="num"{sort}>{shown}</td>'
     cls = ' class="detail"' if col.name == "detail" else ""
-    return f"<td{cls}>{escape(fmt(value))}</td>"
+    return f"<td{cls}>{shown}</td>"
 
 
 def table(cols: Sequence[Col], rows: Iterable[tuple[str, Sequence[Any]]], *, cls: str = "",

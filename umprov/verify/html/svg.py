@@ -203,15 +203,19 @@ def lines(title: str, series: Sequence[Series], *, x_unit: str, y_unit: str,
         y = sy(value)
         body.append(f'<line class="{cls}" x1="60" x2="{WIDTH - 20}" y1="{y}" y2="{y}">'
                     f"<title>{escape(name)}: {num(value)} {escape(y_unit)}</title></line>")
+    # A fleet's trend charts share their few dates: each one's position and label once.
+    at = {x: (sx(x), escape(str(x_label(x)))) for x in set(xs)}
+    unit = escape(y_unit)
     for i, s in enumerate(series):
         cls = s.cls or f"series-{i % 8}"
-        pts = " ".join(f"{sx(x)},{sy(y)}" for x, y in s.points)
-        body.append(f'<polyline class="line {cls}" points="{pts}"><title>{escape(s.name)}'
-                    f"</title></polyline>")
-        for x, y in s.points if len(s.points) <= 60 else ():
-            body.append(f'<circle class="pt {cls}" cx="{sx(x)}" cy="{sy(y)}" r="2.5">'
-                        f"<title>{escape(s.name)}: {num(y)} {escape(y_unit)} at "
-                        f"{escape(str(x_label(x)))}</title></circle>")
+        name = escape(s.name)
+        pts = [(at[x], sy(y), y) for x, y in s.points]
+        body.append(f'<polyline class="line {cls}" points="'
+                    + " ".join(f"{px},{py}" for (px, _l), py, _y in pts)
+                    + f'"><title>{name}</title></polyline>')
+        for (px, label), py, y in pts if len(pts) <= 60 else ():
+            body.append(f'<circle class="pt {cls}" cx="{px}" cy="{py}" r="2.5">'
+                        f"<title>{name}: {num(y)} {unit} at {label}</title></circle>")
     return svg(WIDTH, height, body, title)
 
 
