@@ -1,6 +1,7 @@
 """Deploy over an inventory larger than --forks: at most --forks connections open at any time
 (threads and files stay flat as the fleet grows), every connection closed, and a push that
-reaches every host lacking the image, --forks hosts to a stream."""
+reaches every host lacking the image, --forks hosts to a stream; a host that holds the image
+under another name gets the deployed name too."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ IMAGE_ID = "sha256:" + "a" * 64
 class Engines:
     """Fake engines over SSH: which hosts hold the image, how many clients are open."""
 
-    def __init__(self, holding: set[str]) -> None:
+    def __init__(self, holding: set[str], tags: list[str] | None = None) -> None:
         self.holding = holding
+        self.tags = tags or []
+        self.tagged: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
         self.open = 0
         self.most_open = 0
@@ -37,7 +40,14 @@ class Engines:
 
                 if host.name not in engines.holding:
                     raise ImageNotFound(ref)
-                return type("Image", (), {"id": ref})()
+                return Image(ref)
+
+        class Image:
+            def __init__(self, ref: str) -> None:
+                self.id, self.tags = ref, list(engines.tags)
+
+            def tag(self, repo: str, tag: str) -> None:
+                engines.tagged.append((host.name, repo, tag))
 
         class Client:
             images = Images()
@@ -63,8 +73,8 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
     monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
 
-    def make(holding: set[str]) -> Engines:
-        fake = Engines(holding)
+    def make(holding: set[str], tags: list[str] | None = None) -> Engines:
+        fake = Engines(holding, tags)
         monkeypatch.setattr(engine, "docker_client", fake.client)
 
         def rollout(client: Any, host: Any, settings: Any, opts: Any, image_id: str,
@@ -118,3 +128,21 @@ def test_a_push_reaches_every_host_that_lacks_the_image_forks_at_a_time(
     assert fake.most_open <= 3 and fake.open == 0
     # a host that lacked the image is connected again for its push; the others once
     assert {n for n, c in fake.connects.items() if c == 2} == {h.name for h in fleet[3:]}
+
+
+@pytest.mark.parametrize(("held", "image", "tagged"), [
+    (["other/name:1"], "umprov/pytorch-cuda:0.1.0", [("umprov/pytorch-cuda", "0.1.0")]),
+    (["other/name:1"], "registry.example.com:5000/team/pt", [("registry.example.com:5000/team/pt",
+                                                               "latest")]),
+    (["umprov/pytorch-cuda:0.1.0"], "umprov/pytorch-cuda:0.1.0", []),
+])
+def test_a_host_holding_the_pushed_image_under_another_name_gets_its_name(
+    engines, monkeypatch: pytest.MonkeyPatch, held: list[str], image: str,
+    tagged: list[tuple[str, str]]
+) -> None:
+    fake = engines({"gpu000"}, tags=held)
+    monkeypatch.setattr(run, "_local_image_id", lambda *_: IMAGE_ID)
+    opts = options.DeployOptions(image=image, authorized_keys=KEY, delivery="push")
+    (done,) = run.deploy(hosts(1), opts, local_client=object())
+    assert done.state == "unchanged", done.detail
+    assert fake.tagged == [("gpu000", *t) for t in tagged]

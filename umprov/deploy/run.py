@@ -158,10 +158,11 @@ def _image_on_host(
 
     if opts.delivery == "push":
         try:
-            st.client.images.get(local_image_id)
+            held = st.client.images.get(local_image_id)
         except ImageNotFound:
             return None
         progress(st.name, "image already present (same ID): no push")
+        _name_on_host(held, image, st, progress)
         return local_image_id
     if opts.delivery == "pull":
         progress(st.name, f"pulling {image}")
@@ -175,6 +176,24 @@ def _image_on_host(
         raise DeployFailed(
             f"image {image} is not on the host (deliver it with --push or --pull)"
         ) from None
+
+
+def _name_on_host(held: Any, image: str, st: HostState, progress: Progress) -> None:
+    """The host holds the image under other names only: give it this one too, so that a
+    later deploy without --push (which asks by name) finds it."""
+    from docker.errors import APIError
+    from docker.utils import parse_repository_tag
+
+    if "@" in image or image.startswith("sha256:"):
+        return  # a digest or an ID names it already
+    repo, tag = parse_repository_tag(image)
+    if f"{repo}:{tag or 'latest'}" in (held.tags or []):
+        return
+    try:
+        held.tag(repo, tag or "latest")
+        progress(st.name, f"tagged the image there as {image}")
+    except APIError as exc:
+        raise DeployFailed(f"tagging the image as {image} failed: {engine_error(exc)}") from None
 
 
 def _roll_out(
