@@ -1,6 +1,6 @@
 """umprov's own cost per host at fleet size: hundreds of lightweight hosts, one sshd each.
 
-    sudo .venv/bin/python bench/fleet_bench.py --hosts 16,64,256 [--forks 32] [--verify]
+    sudo .venv/bin/python bench/fleet_bench.py --hosts 16,64,256 [--forks 32] [--verify] [--deploy]
 
 The hosts: a network namespace of this machine (``umprov-fleet``: nothing in it reaches
 anything outside), one OpenSSH sshd per host on an address of its own (127.0.1.N:22, its own
@@ -21,6 +21,11 @@ by default the lab's host image), and the agent runs in each (no GPU here: every
 GPU checks, as designed; the cost is the controller's: the connection, the engine session, the
 agent's upload, its run and its report read back). Its baseline in the same run:
 ``ssh HOST docker exec fleet-N true`` for every host, --forks at a time.
+
+With --deploy, also ``umprov deploy`` with nothing to change: one container of the PyTorch
+image (``umprov lab image``) deployed once, which every host's settings name, so every host
+keeps it. Its baseline in the same run: ``ssh HOST docker exec fleet-deploy
+umprov-healthcheck`` (the health check deploy runs in a kept container), --forks at a time.
 """
 
 from __future__ import annotations
@@ -106,11 +111,13 @@ class Fleet:
                "--label", "umprov.bench=fleet", "--entrypoint", "sleep", str(self.image),
                "infinity")
 
-    def inventory(self) -> Path:
-        path = self.work / "hosts.yml"
+    def inventory(self, name: str = "hosts.yml", **deployed: object) -> Path:
+        """Every host, its container fleet-N; ``deployed``: the same variables for every host
+        (the deploy bench's one shared container)."""
+        path = self.work / name
         hosts = {f"h{i:04d}": {"ansible_host": address(i), "ansible_user": "root",
                                "ansible_ssh_private_key_file": str(self.key),
-                               "umprov_container_name": f"fleet-{i}"}
+                               "umprov_container_name": f"fleet-{i}", **deployed}
                  for i in range(self.count)}
         path.write_text(json.dumps({"all": {"hosts": hosts}}))
         return path
@@ -155,12 +162,13 @@ class Sampler:
         return {k: round(v, 1) for k, v in self.peak.items()}
 
 
-def run_umprov(args: list[str], env: dict) -> dict:
+def run_umprov(args: list[str], env: dict, checkout: Path = REPO) -> dict:
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.Popen(in_ns([*UMPROV, *args]), env=env, cwd=REPO,
+    proc = subprocess.Popen(in_ns([*UMPROV, *args]), env={**env, "PYTHONPATH": str(checkout)},
+                            cwd=checkout,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # ip netns exec execs the command: the pid is umprov's own
     sampler = Sampler(proc.pid)
@@ -180,6 +188,8 @@ def run_umprov(args: list[str], env: dict) -> dict:
                 key = h["verdict"]
             elif "reachable" in h:  # status
                 key = "reachable" if h["reachable"] else "unreachable"
+            elif "container_id" in h:  # deploy
+                key = h["status"]
             else:  # trust
                 key = "recorded" if h.get("recorded") else "known"
             states[key] = states.get(key, 0) + 1
@@ -201,27 +211,60 @@ def openssh_floor(fleet: Fleet, forks: int) -> float:
     return round(time.perf_counter() - started, 2)
 
 
-def docker_exec_floor(fleet: Fleet, forks: int) -> float:
-    """``ssh HOST docker exec fleet-N true`` for every host, ``forks`` at a time: one handshake
-    and one exec in the host's container, the floor of what verify does per host."""
+def docker_exec_floor(fleet: Fleet, forks: int, container: str | None = None,
+                      command: str = "true") -> float:
+    """``ssh HOST docker exec CONTAINER COMMAND`` for every host, ``forks`` at a time (the
+    container: the host's fleet-N, or one for all): one handshake and one exec in the
+    container, the floor of what verify and a deploy that changes nothing do per host."""
     known = fleet.work / "known_hosts_openssh"
-    lines = "\n".join(f"{address(i)} fleet-{i}" for i in range(fleet.count))
+    lines = "\n".join(f"{address(i)} {container or f'fleet-{i}'}" for i in range(fleet.count))
     cmd = (f"xargs -P {forks} -L1 sh -c 'ssh -q -o BatchMode=yes -o UserKnownHostsFile={known} "
-           f"-o StrictHostKeyChecking=yes -i {fleet.key} root@$0 docker exec $1 true'")
+           f"-o StrictHostKeyChecking=yes -i {fleet.key} root@$0 docker exec $1 {command}'")
     started = time.perf_counter()
     subprocess.run(in_ns(["sh", "-c", cmd]), input=lines, text=True, check=True)
     return round(time.perf_counter() - started, 2)
 
 
-def one_size(count: int, forks: int, image: str | None) -> dict:
+DEPLOYED = "fleet-deploy"  # the deploy bench's container, one for every host
+HEALTHCHECK = "/usr/local/bin/umprov-healthcheck"
+
+
+def deploy_rows(fleet: Fleet, forks: int, image: str, env: dict, old: Path | None) -> dict:
+    """``umprov deploy`` that changes nothing, over every host. Every host's settings name
+    the same container (one PyTorch container with sshd and Jupyter: 256 of their own would
+    not fit this machine's memory), so each finds it as deployed and keeps it: per host the
+    SSH connection, the engine session over it, the image and container looked up, the
+    health check, the container's host key and token read, the host's files written."""
+    pub = Path(f"{fleet.key}.pub")
+    inv = str(fleet.inventory("deploy.yml", umprov_container_name=DEPLOYED, umprov_gpus="none",
+                              umprov_ssh_port=42222, umprov_jupyter_port=48888,
+                              umprov_container_limits=False))  # as the lab: no CAP_SYS_RESOURCE
+    subprocess.run(["docker", "rm", "-f", DEPLOYED], capture_output=True, check=False)
+    args = ["deploy", inv, "--image", image, "--authorized-key", str(pub), "--json"]
+    seed = run_umprov([*args, "--limit", "h0000"], env)
+    if seed["rc"] != 0:
+        raise RuntimeError(f"the first deploy failed: {seed}")
+    row: dict = {"docker_exec_healthcheck_s": docker_exec_floor(fleet, forks, DEPLOYED,
+                                                                HEALTHCHECK)}
+    row["deploy_unchanged"] = run_umprov([*args, "--forks", str(forks)], env)
+    if old is not None:  # another checkout's deploy, same hosts, same run
+        row["deploy_unchanged_old"] = run_umprov([*args, "--forks", str(forks)], env, old)
+    row["deploy_vs_docker_exec"] = round(row["deploy_unchanged"]["seconds"]
+                                         / row["docker_exec_healthcheck_s"], 2)
+    row["deploy_cpu_per_host_ms"] = round(row["deploy_unchanged"]["cpu_s"] / fleet.count
+                                          * 1000, 1)
+    return row
+
+
+def one_size(count: int, forks: int, image: str | None, deploy_image: str | None,
+             old: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="umprov-fleet-") as tmp:
         work = Path(tmp)
         fleet = Fleet(work, count, image)
         try:
             fleet.up()
             inv = str(fleet.inventory())
-            env = {**os.environ, "UMPROV_STATE_DIR": str(work / "state"),
-                   "PYTHONPATH": str(REPO)}
+            env = {**os.environ, "UMPROV_STATE_DIR": str(work / "state")}
             row: dict = {"hosts": count, "forks": forks}
             row["openssh_true_s"] = openssh_floor(fleet, forks)
             row["trust"] = run_umprov(["trust", "h*", "-i", inv, "--yes", "--forks",
@@ -242,9 +285,14 @@ def one_size(count: int, forks: int, image: str | None) -> dict:
                                                       * 1000, 1)
                 row["verify_vs_docker_exec"] = round(row["verify_passive"]["seconds"]
                                                      / row["docker_exec_true_s"], 2)
+            if deploy_image:
+                row.update(deploy_rows(fleet, forks, deploy_image, env, old))
             return row
         finally:
             fleet.down()
+            if deploy_image:
+                subprocess.run(["docker", "rm", "-f", DEPLOYED], capture_output=True,
+                               check=False)
 
 
 def main() -> None:
@@ -254,6 +302,10 @@ def main() -> None:
     ap.add_argument("--verify", action="store_true", help="also umprov verify --passive")
     ap.add_argument("--image", help="image with python3 for the hosts' containers (--verify; "
                     "default: the newest umprov-lab-host image)")
+    ap.add_argument("--deploy", action="store_true",
+                    help="also umprov deploy with nothing to change (needs `umprov lab image`)")
+    ap.add_argument("--old", type=Path, metavar="CHECKOUT",
+                    help="--deploy: also that checkout's umprov deploy, in the same run")
     args = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("sshd", path="/usr/sbin:/usr/bin"):
         sys.exit("needs root and Debian's openssh-server (its service may stay off)")
@@ -263,7 +315,15 @@ def main() -> None:
                                  "umprov-lab-host").stdout.split("\n")[0].strip()
         if not image:
             sys.exit("--verify needs an image with python3: --image, or `umprov lab up` once")
-    rows = [one_size(int(n), args.forks, image) for n in args.hosts.split(",")]
+    deploy_image = None
+    if args.deploy:
+        from umprov_lab.image import LAB_TAG
+
+        if sh("docker", "images", "-q", LAB_TAG).stdout.strip() == "":
+            sys.exit(f"--deploy needs the image {LAB_TAG}: `umprov lab image` builds it")
+        deploy_image = LAB_TAG
+    rows = [one_size(int(n), args.forks, image, deploy_image, args.old)
+            for n in args.hosts.split(",")]
     for row in rows:
         print(f"{row['hosts']:5} hosts: openssh {row['openssh_true_s']:6.2f} s  "
               f"trust {row['trust']['seconds']:6.2f} s  status {row['status']['seconds']:6.2f}"
@@ -277,6 +337,19 @@ def main() -> None:
                   f" ms a host, umprov's CPU {row['verify_cpu_per_host_ms']} ms a host)  "
                   f"peak {v['rss_mib']} MiB, {v['threads']} threads, {v['open_files']} files",
                   file=sys.stderr)
+        if "deploy_unchanged" in row:
+            d = row["deploy_unchanged"]
+            print(f"{'':11} deploy (unchanged) {d['seconds']:6.2f} s, "
+                  f"{row['deploy_vs_docker_exec']}x ssh+docker exec "
+                  f"{row['docker_exec_healthcheck_s']} s, umprov's CPU "
+                  f"{row['deploy_cpu_per_host_ms']} ms a host, peak {d['rss_mib']} MiB, "
+                  f"{d['threads']} threads, {d['open_files']} files, {d.get('hosts_by_state')}",
+                  file=sys.stderr)
+        if "deploy_unchanged_old" in row:
+            d = row["deploy_unchanged_old"]
+            print(f"{'':11} the same, {args.old}: {d['seconds']:6.2f} s, peak {d['rss_mib']} "
+                  f"MiB, {d['threads']} threads, {d['open_files']} files, "
+                  f"{d.get('hosts_by_state')}", file=sys.stderr)
     save("fleet", {"rows": rows})
 
 
