@@ -105,7 +105,14 @@ def main() -> None:
         trend_s, trends = timed(lambda: history.trends(entries), 1)
         with_trends = work / "trends.html"
         trends_write_s, _ = timed(lambda: html.write(with_trends, history.latest_docs(entries),
-                                                     trends=trends), 1)
+                                                     trends=trends), args.repeat)
+        if binary:  # the trends report and one host's page with its trends, opened
+            trend_pages = sorted((work / "trends.hosts").glob("*.html"))
+            opened = browser(binary, work, with_trends, args.repeat)
+            result.update(chromium_trends_report=opened,
+                          chromium_trends_host_page=browser(binary, work, trend_pages[0], 1),
+                          trends_written_and_opened_s=round(trends_write_s
+                                                            + opened["screenshot_s"], 2))
         result.update(history_save_run_s=save_s, history_load_s=load_s,
                       history_trends_s=trend_s, history_runs_read=len(entries),
                       history_mib_per_run=round(sum(p.stat().st_size for p in root.rglob(
