@@ -237,10 +237,14 @@ class FakeContainer:
     def exec_run(self, cmd: list[str], user: str = "", demux: bool = False) -> ExecResult:
         if cmd[0] == "/usr/local/bin/umprov-healthcheck":
             return ExecResult(0, b"")
-        if cmd[:2] == ["cat", "/etc/ssh/keys/ssh_host_ed25519_key.pub"]:
-            return ExecResult(0, HOST_KEY.encode() + b"\n")
-        if cmd[:2] == ["cat", specs.TOKEN_PATH]:
-            return ExecResult(0, self.token.encode()) if self.token else ExecResult(1, b"No such")
+        if cmd[:4] == ["sh", "-c", 'cat "$1" && echo && cat "$2"', "sh"]:  # key and token
+            files = {"/etc/ssh/keys/ssh_host_ed25519_key.pub": HOST_KEY + "\n", "/dev/null": ""}
+            if self.token:
+                files[specs.TOKEN_PATH] = self.token
+            key, second = cmd[4:]
+            if second not in files:
+                return ExecResult(1, f"{files[key]}\ncat: {second}: No such file".encode())
+            return ExecResult(0, f"{files[key]}\n{files[second]}".encode())
         raise AssertionError(cmd)
 
 

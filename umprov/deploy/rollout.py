@@ -97,8 +97,9 @@ def rollout(
     progress(host.name, "waiting for sshd and Jupyter")
     _wait_ready(container, cancel=cancel)
     checkpoint(cancel)
-    _pin_host_key(container, host, settings, outcome, progress)
-    _store_token(container, host.name, token)
+    key_line, own_token = _read_key_and_token(container, kept=token is None)
+    _pin_host_key(key_line, host, settings, outcome, progress)
+    _store_token(host.name, token, own_token)
     identity = opts.identity_file
     write_private(ssh_config_path(host.name),
                   render_ssh_config(host, settings, login_user, identity))
@@ -227,7 +228,9 @@ def _exec(container: Any, cmd: list[str]) -> tuple[int | None, str]:
 def _wait_ready(
     container: Any, timeout: float = READY_TIMEOUT, cancel: threading.Event | None = None
 ) -> None:
-    """Until sshd and Jupyter answer inside the container (its own health check, run now)."""
+    """Until sshd and Jupyter answer inside the container: Docker's own run of the image's
+    health check says healthy (a kept container: it ran within the last interval), or the
+    same check, run now, passes (a new one: Docker's first run is up to an interval away)."""
     deadline = time.monotonic() + timeout
     while True:
         checkpoint(cancel)
@@ -238,6 +241,8 @@ def _wait_ready(
             last = " | ".join(ln for ln in logs.splitlines() if ln.strip())[-300:]
             raise DeployFailed(f"the container stopped (exit {state.get('ExitCode')}): {last}")
         if state.get("Running"):
+            if (state.get("Health") or {}).get("Status") == "healthy":
+                return
             rc, _ = _exec(container, ["/usr/local/bin/umprov-healthcheck"])
             if rc == 0:
                 return
@@ -246,16 +251,26 @@ def _wait_ready(
         time.sleep(0.5)
 
 
+HOST_KEY_PATH = "/etc/ssh/keys/ssh_host_ed25519_key.pub"
+
+
+def _read_key_and_token(container: Any, *, kept: bool) -> tuple[str, str | None]:
+    """The container's SSH host key line, read through Docker over the verified host
+    connection (so it is the container's true key), and for a kept container its own token
+    (None when it has none): one exec."""
+    rc, out = _exec(container, ["sh", "-c", 'cat "$1" && echo && cat "$2"', "sh", HOST_KEY_PATH,
+                                TOKEN_PATH if kept else "/dev/null"])
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("ssh-"):
+        raise DeployFailed("cannot read the container's SSH host key")
+    return lines[0], (lines[1] if kept and rc == 0 and len(lines) == 2 else None)
+
+
 def _pin_host_key(
-    container: Any, host: HostLike, settings: HostSettings, outcome: HostOutcome,
+    key_line: str, host: HostLike, settings: HostSettings, outcome: HostOutcome,
     progress: Progress,
 ) -> None:
-    """The container's SSH host key, read through Docker over the verified host connection
-    (so it is the container's true key), pinned in umprov's known_hosts."""
-    rc, out = _exec(container, ["cat", "/etc/ssh/keys/ssh_host_ed25519_key.pub"])
-    if rc != 0 or not out.startswith("ssh-"):
-        raise DeployFailed("cannot read the container's SSH host key")
-    key_line = out.strip()
+    """The container's SSH host key pinned in umprov's known_hosts."""
     patterns = key_patterns(host, settings)
     before = pinned_keys(patterns[0])
     pin_host_key(patterns, key_line)
@@ -264,13 +279,11 @@ def _pin_host_key(
         progress(host.name, outcome.detail)
 
 
-def _store_token(container: Any, host_name: str, token: str | None) -> None:
+def _store_token(host_name: str, token: str | None, own_token: str | None) -> None:
     """Keep the new container's token here (0600); for a kept container, its own token."""
-    if token is None:
-        # A kept container's own token is the truth: the file here may be lost, or hold the
-        # token of the container that a run interrupted after starting this one replaced.
-        rc, out = _exec(container, ["cat", TOKEN_PATH])
-        if rc == 0 and out.strip() and stored_token(host_name) != out.strip():
-            token = out.strip()
+    # A kept container's own token is the truth: the file here may be lost, or hold the
+    # token of the container that a run interrupted after starting this one replaced.
+    if token is None and own_token and stored_token(host_name) != own_token:
+        token = own_token
     if token is not None:
         write_private(token_path(host_name), token + "\n")
