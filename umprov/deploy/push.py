@@ -1,5 +1,5 @@
-"""--push: ONE local ``docker save`` streamed into the ``docker load`` of every host that
-lacks the image.
+"""--push: ONE local ``docker save`` streamed into the ``docker load`` of the hosts given
+(deploy gives the hosts that lack the image, --forks at a time).
 
 A host whose engine already holds some of the image's layers (graph-driver image stores) gets
 the stream without their files: one rewrite of the save stream per distinct set of layers
