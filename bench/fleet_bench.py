@@ -295,6 +295,36 @@ def one_size(count: int, forks: int, image: str | None, deploy_image: str | None
                                check=False)
 
 
+def process(d: dict) -> str:
+    """An umprov run's peak memory, threads and open files, as a line shows them."""
+    return f"peak {d['rss_mib']} MiB, {d['threads']} threads, {d['open_files']} files"
+
+
+def say(row: dict, old: Path | None) -> None:
+    """One size's figures, a line each, on stderr."""
+    lines = [f"{row['hosts']:5} hosts: openssh {row['openssh_true_s']:6.2f} s  trust "
+             f"{row['trust']['seconds']:6.2f} s  status {row['status']['seconds']:6.2f} s "
+             f"({row['status_per_host_ms']} ms a host, umprov's CPU "
+             f"{row['status_cpu_per_host_ms']} ms a host, {row['status_vs_openssh']}x openssh)  "
+             + process(row["status"])]
+    if "verify_passive" in row:
+        v = row["verify_passive"]
+        lines.append(f"verify --passive {v['seconds']:6.2f} s ({row['verify_per_host_ms']} ms a "
+                     f"host, umprov's CPU {row['verify_cpu_per_host_ms']} ms a host)  "
+                     + process(v))
+    if "deploy_unchanged" in row:
+        d = row["deploy_unchanged"]
+        lines.append(f"deploy (unchanged) {d['seconds']:6.2f} s, {row['deploy_vs_docker_exec']}x"
+                     f" ssh+docker exec {row['docker_exec_healthcheck_s']} s, umprov's CPU "
+                     f"{row['deploy_cpu_per_host_ms']} ms a host, {process(d)}, "
+                     f"{d.get('hosts_by_state')}")
+    if "deploy_unchanged_old" in row:
+        d = row["deploy_unchanged_old"]
+        lines.append(f"the same, {old}: {d['seconds']:6.2f} s, {process(d)}, "
+                     f"{d.get('hosts_by_state')}")
+    print(f"\n{'':11} ".join(lines), file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", default="16,64,256")
@@ -325,31 +355,7 @@ def main() -> None:
     rows = [one_size(int(n), args.forks, image, deploy_image, args.old)
             for n in args.hosts.split(",")]
     for row in rows:
-        print(f"{row['hosts']:5} hosts: openssh {row['openssh_true_s']:6.2f} s  "
-              f"trust {row['trust']['seconds']:6.2f} s  status {row['status']['seconds']:6.2f}"
-              f" s ({row['status_per_host_ms']} ms a host, umprov's CPU "
-              f"{row['status_cpu_per_host_ms']} ms a host, {row['status_vs_openssh']}x "
-              f"openssh)  peak {row['status']['rss_mib']} MiB, {row['status']['threads']} "
-              f"threads, {row['status']['open_files']} files", file=sys.stderr)
-        if "verify_passive" in row:
-            v = row["verify_passive"]
-            print(f"{'':11} verify --passive {v['seconds']:6.2f} s ({row['verify_per_host_ms']}"
-                  f" ms a host, umprov's CPU {row['verify_cpu_per_host_ms']} ms a host)  "
-                  f"peak {v['rss_mib']} MiB, {v['threads']} threads, {v['open_files']} files",
-                  file=sys.stderr)
-        if "deploy_unchanged" in row:
-            d = row["deploy_unchanged"]
-            print(f"{'':11} deploy (unchanged) {d['seconds']:6.2f} s, "
-                  f"{row['deploy_vs_docker_exec']}x ssh+docker exec "
-                  f"{row['docker_exec_healthcheck_s']} s, umprov's CPU "
-                  f"{row['deploy_cpu_per_host_ms']} ms a host, peak {d['rss_mib']} MiB, "
-                  f"{d['threads']} threads, {d['open_files']} files, {d.get('hosts_by_state')}",
-                  file=sys.stderr)
-        if "deploy_unchanged_old" in row:
-            d = row["deploy_unchanged_old"]
-            print(f"{'':11} the same, {args.old}: {d['seconds']:6.2f} s, peak {d['rss_mib']} "
-                  f"MiB, {d['threads']} threads, {d['open_files']} files, "
-                  f"{d.get('hosts_by_state')}", file=sys.stderr)
+        say(row, args.old)
     save("fleet", {"rows": rows})
 
 
