@@ -10,9 +10,10 @@ section per host (host.py), and with a history, each host's trends (trends.py).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,10 +44,10 @@ def render(docs: Sequence[dict], *, seconds: float | None = None,
 def render_pages(docs: Sequence[dict], *, seconds: float | None = None,
                  trends: Sequence[HostTrend] | None = None, title: str | None = None,
                  now: float | None = None, folder: str | None = None,
-                 main_name: str = "") -> tuple[str, dict[str, str]]:
-    """(the report page, {file name: page} of the hosts given pages of their own in
-    ``folder``): with a folder and more than INLINE_HOSTS hosts, each passing host's section
-    and trends go to a page of its own, linked from the host table."""
+                 main_name: str = "") -> tuple[str, dict[str, Callable[[], str]]]:
+    """(the report page, {file name: what renders its page} for the hosts given pages of
+    their own in ``folder``): with a folder and more than INLINE_HOSTS hosts, each passing
+    host's section and trends go to a page of its own, linked from the host table."""
     docs = sorted(docs, key=lambda d: str(d.get("host")))
     outcomes = fleet.verdicts(docs)
     worst = next((v for v in ("fail", "unreachable", "warn", "pass") if v in outcomes), "none")
@@ -81,8 +82,9 @@ def render_pages(docs: Sequence[dict], *, seconds: float | None = None,
         shown = [t for t in trends if t.regressions or t.host not in paged_names]
         body += ["<h2>Trends: each host against its own history</h2>",
                  trend_html.section(shown)]
-    pages = {name: _host_page(i, docs[i], outcomes[i], by_host.get(str(docs[i].get("host"))),
-                              title, main_name) for i, name in files.items()}
+    pages = {name: functools.partial(_host_page, i, docs[i], outcomes[i],
+                                     by_host.get(str(docs[i].get("host"))), title, main_name)
+             for i, name in files.items()}
     return page(title, "".join(body)), pages
 
 
@@ -130,13 +132,14 @@ def write(path: Path, docs: Sequence[dict], *, seconds: float | None = None,
     return path
 
 
-def _replace_pages(folder: Path, pages: dict[str, str]) -> None:
+def _replace_pages(folder: Path, pages: dict[str, Callable[[], str]]) -> None:
     """The folder of host pages, replaced whole (written beside it, then renamed); one that
     umprov did not write is never touched; with no pages, an old one of umprov's is removed."""
     import os
     import shutil
 
     from umprov.errors import ConfigError
+    from umprov.verify.html.workers import write_pages
 
     if folder.exists() and not (folder / PAGES_MARKER).is_file():
         if not pages:
@@ -149,8 +152,11 @@ def _replace_pages(folder: Path, pages: dict[str, str]) -> None:
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir(parents=True)
         (new / PAGES_MARKER).write_text("host pages of an umprov report\n")
-        for name, text in pages.items():
-            (new / name).write_text(text)
+        try:
+            write_pages(new, pages)
+        except BaseException:
+            shutil.rmtree(new, ignore_errors=True)  # the old pages stay, nothing half-new
+            raise
     if folder.exists():
         folder.rename(old)
     if pages:
