@@ -66,3 +66,33 @@ def test_a_failed_render_leaves_the_old_pages_and_no_half_new_folder(
         html._replace_pages(folder, pages(5, bad="00001.html"))
     assert sorted(p.name for p in folder.iterdir()) == before
     assert [p.name for p in tmp_path.iterdir()] == ["report.hosts"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_an_interrupt_stops_every_worker_before_it_is_raised(
+    tmp_path: Path, forked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    started: list[int] = []
+    real_waitpid = os.waitpid
+
+    def slow(name: str) -> str:
+        time.sleep(30)  # a worker still writing when the run is interrupted
+        return name
+
+    def interrupted(pid: int, options: int) -> tuple[int, int]:
+        started.append(pid)
+        monkeypatch.setattr(os, "waitpid", real_waitpid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "waitpid", interrupted)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        workers.write_pages(tmp_path, {f"{i}.html": (lambda n=f"{i}.html": slow(n))
+                                       for i in range(6)})
+    assert time.monotonic() - began < 20
+    assert started
+    for pid in started:  # reaped: nothing left behind
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

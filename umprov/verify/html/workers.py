@@ -10,7 +10,9 @@ share to be written here again, so a bad document raises its own error, as it wo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,11 +47,22 @@ def write_pages(folder: Path, pages: Mapping[str, Callable[[], str]]) -> None:
                 finally:
                     os._exit(code)
             pids[pid] = share
-    finally:
         failed = [share for pid, share in pids.items()
                   if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0]
+    except BaseException:  # interrupted: no worker goes on writing into what the caller removes
+        _stop(pids)
+        raise
     for share in failed:
         _write(folder, jobs[share::workers])
+
+
+def _stop(pids: Mapping[int, int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 def _write(folder: Path, jobs: list[tuple[str, Callable[[], str]]]) -> None:
