@@ -84,14 +84,13 @@ def deploy(
 
 
 def _once(st: HostState, first: Callable[[HostState], None],
-          *then: Callable[[HostState], None]) -> None:
-    """One host's steps, each after the first only once the host has the image; then its
-    connection is closed (a host that lacks it is connected again for the push)."""
+          then: Callable[[HostState], None] | None = None) -> None:
+    """One host's step, ``then`` after it once the host has the image; then its connection
+    is closed (a host that lacks the image is connected again for the push)."""
     try:
         first(st)
-        for step in then:
-            if st.live and st.image_id is not None:
-                step(st)
+        if then is not None and st.live and st.image_id is not None:
+            then(st)
     finally:
         _close_clients([st])
 

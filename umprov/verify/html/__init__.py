@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from umprov.verify.html import fleet, host
 from umprov.verify.html import trends as trend_html
 from umprov.verify.html.assets import CSP, CSS, JS
+from umprov.verify.html.workers import write_pages
 
 if TYPE_CHECKING:
     from umprov.verify.history import HostTrend
@@ -139,7 +140,6 @@ def _replace_pages(folder: Path, pages: dict[str, Callable[[], str]]) -> None:
     import shutil
 
     from umprov.errors import ConfigError
-    from umprov.verify.html.workers import write_pages
 
     if folder.exists() and not (folder / PAGES_MARKER).is_file():
         if not pages:
