@@ -1,12 +1,15 @@
 """Domain errors and the exit codes they map to.
 
 Every error a user can cause or fix derives from UmprovError and carries its exit code;
-the CLI's error boundary (umprov.cli.main) prints ``str(error)`` as one line and exits with
-``error.exit_code``. Anything else is a bug: one line plus a log file with the traceback.
+the CLI's error boundary (umprov.cli.main) prints ``str(error)`` as one line (an error that
+gathered several problems of one input, such as an inventory's, prints one line for each, as a
+linter does: ``error.lines()``) and exits with ``error.exit_code``. Anything else is a bug:
+one line plus a log file with the traceback.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 
 
@@ -36,14 +39,28 @@ class UmprovError(Exception):
 
     exit_code: ExitCode = ExitCode.FAILED
 
-    def __init__(self, message: str, *, exit_code: ExitCode | None = None) -> None:
+    def __init__(self, message: str, *, exit_code: ExitCode | None = None,
+                 more: Sequence[str] = ()) -> None:
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+        self.more = tuple(more)  # further problems of the same input, one message each
 
     def __str__(self) -> str:
         # One line, always: multi-line library messages are folded.
-        return " ".join(str(self.args[0]).split()) if self.args else self.__class__.__name__
+        first = _folded(str(self.args[0])) if self.args else self.__class__.__name__
+        return first + (f" (and {len(self.more)} more)" if self.more else "")
+
+    def lines(self) -> list[str]:
+        """Every problem, one line each, as a linter lists them (the error boundary prints
+        these); a single problem is ``[str(self)]``."""
+        if not self.more:
+            return [str(self)]
+        return [_folded(str(self.args[0])), *map(_folded, self.more)]
+
+
+def _folded(message: str) -> str:
+    return " ".join(message.split())
 
 
 class InventoryError(UmprovError):

@@ -258,3 +258,74 @@ def test_check_command_missing_file(umprov_cli):
     result = umprov_cli("inventory", "check", "/nonexistent/hosts.yml")
     assert result.exit_code == ExitCode.INVENTORY
     assert "inventory not found: /nonexistent/hosts.yml" in result.stderr
+
+
+# Every problem at once, as a linter lists them, each with its file and line.
+
+
+def test_check_lists_every_problem_each_with_its_line(tmp_path, umprov_cli):
+    path = write(tmp_path / "hosts.yml", """
+        all:
+          hosts:
+            gpu01:
+              ansible_host: 10.0.0.1
+              umprov_expectd_gpus: 2
+            gpu02:
+              ansible_host: 10.0.0.2
+              ansible_port: x
+              umprov_manged_memory: true
+        """)
+    result = umprov_cli("inventory", "check", str(path))
+    assert result.exit_code == ExitCode.INVENTORY
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(": ")[2] for line in lines] == [f"{path}:{n}" for n in (5, 8, 9)], lines
+    assert all(line.startswith("umprov: error: ") for line in lines)
+    assert "more)" not in result.stderr and "Traceback" not in result.stderr
+    assert "'umprov_manged_memory' on host 'gpu02' (did you mean 'umprov_managed_memory'?)" in lines[2]
+
+
+def test_the_error_lists_its_problems_and_reads_as_one_line(tmp_path, roles_dir):
+    path = write(tmp_path / "hosts.yml",
+                 "all:\n  hosts:\n    a:\n      umprov_x: 1\n      umprov_y: 2\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(str(path), roles_dir=roles_dir)
+    assert [line.split(": ", 1)[0] for line in info.value.lines()] == [f"{path}:4", f"{path}:5"]
+    assert str(info.value).endswith("(and 1 more)") and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"hosts.yml": "all:\n  hosts:\n    a:\n      ansible_host: 10.0.0.1\n"
+                   "      umprov_manged_memory: true\n"}, "hosts.yml:5"),
+    # The group's setting is merged first and its key kept: the host's own line still wins.
+    ({"hosts.yml": "all:\n  hosts:\n    a:\n      ansible_host: 10.0.0.1\n"
+                   "      umprov_expected_gpus: true\n",
+      "group_vars/all.yml": "umprov_expected_gpus: 8\n"}, "hosts.yml:5"),
+    ({"hosts.yml": "all:\n  hosts:\n    a:\n      ansible_host: 10.0.0.1\n",
+      "host_vars/a.yml": "nvidia_driver_allow_reboot: 1\numprov_expected_gpus: false\n",
+      "group_vars/all.yml": "umprov_expected_gpus: 8\n"}, "host_vars/a.yml:2"),
+    ({"hosts.yml": "all:\n  vars:\n    nvidia_driver_allow_rebot: true\n"
+                   "  hosts:\n    a:\n      ansible_host: 10.0.0.1\n"}, "hosts.yml:3"),
+    ({"hosts": "[gpu]\nb ansible_host=10.0.0.2 umprov_expected_gpus=2\n"
+               "a ansible_host=10.0.0.1\n[gpu:vars]\nnvidia_driver_allow_rebot=true\n"},
+     "hosts:5"),
+], ids=["yaml-host", "yaml-over-group", "host-vars", "yaml-group-vars", "ini-group-vars"])
+def test_a_bool_value_keeps_its_line(tmp_path, roles_dir, files, expected):
+    """ansible-core 2.19 tags no bool with its origin: the line is found in the host's files."""
+    for name, text in files.items():
+        write(tmp_path / "inv" / name, text)
+    source = tmp_path / "inv" / ("hosts" if "hosts" in files else "")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(str(source), roles_dir=roles_dir)
+    assert str(info.value).startswith(f"{tmp_path / 'inv' / expected}: "), str(info.value)
+
+
+def test_a_groups_typo_is_one_line_naming_its_hosts(tmp_path, roles_dir):
+    folder = tmp_path / "site"
+    write(folder / "hosts.yml", "all:\n  hosts:\n" + "".join(
+        f"    gpu0{n}:\n      ansible_host: 10.0.0.{n}\n" for n in range(1, 6)))
+    write(folder / "group_vars" / "all.yml", "umprov_expectd_gpus: 8\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(str(folder), roles_dir=roles_dir)
+    (line,) = info.value.lines()
+    assert line.startswith(f"{folder / 'group_vars' / 'all.yml'}:1: unknown umprov variable")
+    assert "on hosts 'gpu01', 'gpu02', 'gpu03' and 2 more" in line

@@ -237,7 +237,8 @@ def run(args: list[str] | None = None) -> int:
         click.echo(f"umprov: error: {' '.join(exc.format_message().split())}{hint}", err=True)
         return exc.exit_code
     except UmprovError as exc:
-        click.echo(f"umprov: error: {exc}", err=True)
+        for line in exc.lines():
+            click.echo(f"umprov: error: {line}", err=True)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("umprov: interrupted", err=True)

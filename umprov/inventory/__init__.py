@@ -13,7 +13,8 @@ types of umprov's and the roles' variables (argument_specs) and their value rule
     ansible_io.py  Ansible's InventoryManager, VariableManager, Templar; errors naming files
     specs.py       variable definitions and types (UMPROV_VARIABLES + argument_specs)
     rules.py       value rules (roles/gpu_preflight/files/value_rules.yml), shared with the play
-    validate.py    one Ansible host -> one checked Host
+    validate.py    one Ansible host -> one checked Host; every problem listed at once
+    origins.py     where a variable was set (file:line), a bool's too
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def load_inventory(
 ) -> Inventory:
     """Find, read and validate an inventory; raise InventoryError with one line on a fault."""
     from umprov.inventory.ansible_io import Parsed
-    from umprov.inventory.validate import Checks, check_duplicates, to_host
+    from umprov.inventory.validate import Checks, duplicates, listed, to_host
 
     request = as_request(request)
     sources = resolve_sources(request.sources)
@@ -57,18 +58,17 @@ def load_inventory(
     specs = variable_specs(roles_dir)
     checks = Checks(specs, umprov_prefixes(specs), value_rules(roles_dir), ", ".join(sources))
     hosts: list[Host] = []
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []  # (host, message): every one is reported at once
     for ans_host in parsed.hosts():
         all_vars = parsed.host_vars(ans_host)  # a vars file that cannot be read ends it here
         try:
             hosts.append(to_host(parsed, ans_host, all_vars, checks))
         except InventoryError as exc:
-            problems.append(str(exc))
+            problems.extend((str(ans_host.name), line) for line in exc.lines())
+    problems.extend(("", line) for line in duplicates(hosts, checks.fallback))
     if problems:
-        raise InventoryError(
-            problems[0] + (f" (and {len(problems) - 1} more)" if problems[1:] else "")
-        )
-    check_duplicates(hosts, checks.fallback)
+        first, *more = listed(problems)
+        raise InventoryError(first, more=more)
     return Inventory(sources=sources, hosts=tuple(hosts), vault=vault)
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from umprov.errors import InventoryError
 from umprov.inventory.ansible_io import Parsed, first_line
 from umprov.inventory.model import Host
+from umprov.inventory.origins import variable_origin
 from umprov.inventory.rules import ValueRules
 from umprov.inventory.specs import (
     VarSpec,
@@ -32,6 +34,9 @@ _PORT = ("ansible_port", "ansible_ssh_port")
 _USER = ("ansible_user", "ansible_ssh_user")
 _KEY_FILE = ("ansible_ssh_private_key_file", "ansible_private_key_file")
 _UNRESOLVED = object()  # a role variable whose template needs what only a play has (facts)
+_SOME_HOST = "host '\0'"  # a message's host, while alike messages are merged
+_WHERE = re.compile(r"^(?P<path>[^:\s]+)(?::(?P<line>\d+))?:")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class HostVars:
         self.parsed, self.name, self.all_vars, self.fallback = parsed, name, all_vars, fallback
 
     def where(self, key: str) -> str:
-        return origin(self.all_vars.get(key)) or self.fallback
+        return variable_origin(key, self.name, self.all_vars) or self.fallback
 
     def raw(self, key: str) -> Any:
         return self.all_vars.get(key)
@@ -96,29 +101,36 @@ def is_template(value: Any) -> bool:
     return False
 
 
-def origin(value: Any) -> str | None:
-    """'file:line' where Ansible's data tags know it (ansible-core 2.19+), else None."""
-    try:
-        from ansible.module_utils._internal._datatag import AnsibleTagHelper
-    except ImportError:  # older ansible-core: no origin tracking
-        return None
-    for tag in AnsibleTagHelper.tags(value):
-        path, line = getattr(tag, "path", None), getattr(tag, "line_num", None)
-        if path:
-            return f"{path}:{line}" if line else str(path)
-    return None
+class Problems:
+    """One host's problems, gathered so that all of them are reported at once."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def attempt(self, check: Callable[..., T], *args: Any) -> T | None:
+        """``check(*args)``; an InventoryError it raises is kept, and None returned."""
+        try:
+            return check(*args)
+        except InventoryError as exc:
+            self.found.extend(exc.lines())
+            return None
 
 
 def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Checks) -> Host:
+    """The checked Host; an InventoryError listing every problem of the host otherwise."""
     name = str(ans_host.name)
     hv = HostVars(parsed, name, all_vars, checks.fallback)
-    _refuse_replaced_ssh_args(hv)
-    address = _address(hv, name)
+    problems = Problems()
+    problems.attempt(_refuse_replaced_ssh_args, hv)
+    address = problems.attempt(_address, hv, name)
     port_key = hv.first(_PORT)
-    port = _port(hv, port_key) if port_key else 22
-    umprov_vars = _umprov_vars(hv, checks)
-    user, key_file = (_text(hv, hv.first(keys), what) for keys, what in
+    port = problems.attempt(_port, hv, port_key) if port_key else 22
+    ours = sorted(str(k) for k in hv.all_vars if str(k).startswith(checks.prefixes))
+    umprov_vars = {key: problems.attempt(_checked, hv, key, checks) for key in ours}
+    user, key_file = (problems.attempt(_text, hv, hv.first(keys), what) for keys, what in
                       ((_USER, "user"), (_KEY_FILE, "key file")))
+    if problems.found or address is None or port is None:
+        raise InventoryError(problems.found[0], more=problems.found[1:])
     known = umprov_vars.get("umprov_known_hosts")
     return Host(
         name=name,
@@ -130,6 +142,32 @@ def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Che
         known_hosts=None if known is None else local_path(str(known)),
         vars=umprov_vars,
     )
+
+
+def listed(problems: Iterable[tuple[str, str]]) -> list[str]:
+    """(host, message) problems as a linter lists them: by file and line, and one line for a
+    setting that fails alike on several hosts (a group's), naming them."""
+    hosts_of: dict[str, list[str]] = {}
+    for host, message in problems:
+        hosts_of.setdefault(message.replace(f"host '{host}'", _SOME_HOST), []).append(host)
+    return sorted((_naming(message, hosts) for message, hosts in hosts_of.items()),
+                  key=_position)
+
+
+def _naming(message: str, hosts: list[str]) -> str:
+    if len(hosts) == 1:
+        return message.replace(_SOME_HOST, f"host '{hosts[0]}'")
+    names = ", ".join(f"'{h}'" for h in hosts[:3])
+    more = f" and {len(hosts) - 3} more" if hosts[3:] else ""
+    return message.replace(_SOME_HOST, f"hosts {names}{more}")
+
+
+def _position(message: str) -> tuple[str, int]:
+    """The file and line a message starts with, for sorting (messages without come last)."""
+    found = _WHERE.match(message)
+    if not found:
+        return ("\uffff", 0)
+    return (found.group("path"), int(found.group("line") or 0))
 
 
 def local_path(path: str) -> str:
@@ -190,14 +228,6 @@ def _text(hv: HostVars, key: str | None, what: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _umprov_vars(hv: HostVars, checks: Checks) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for key in sorted(str(k) for k in hv.all_vars):
-        if key.startswith(checks.prefixes):
-            found[key] = _checked(hv, key, checks)
-    return found
-
-
 def _checked(hv: HostVars, key: str, checks: Checks) -> Any:
     """One of umprov's or the roles' variables: known, and of its type, choices and rules."""
     spec = checks.specs.get(key)
@@ -231,11 +261,15 @@ def _checked(hv: HostVars, key: str, checks: Checks) -> Any:
     return plain(value)
 
 
-def check_duplicates(hosts: Iterable[Host], where: str) -> None:
+def duplicates(hosts: Iterable[Host], where: str) -> list[str]:
+    """A line for each host whose address and port another host uses already."""
     seen: dict[tuple[str, int], str] = {}
+    problems: list[str] = []
     for host in hosts:
         key = (host.address.lower(), host.port)
         if key in seen:
-            raise InventoryError(f"{where}: hosts '{seen[key]}' and '{host.name}' both use "
-                                 f"{host.address}:{host.port}")
-        seen[key] = host.name
+            problems.append(f"{where}: hosts '{seen[key]}' and '{host.name}' both use "
+                            f"{host.address}:{host.port}")
+        else:
+            seen[key] = host.name
+    return problems
