@@ -46,13 +46,26 @@ $(BIN)/umprov: pyproject.toml lab/pyproject.toml
 venv: $(BIN)/umprov
 
 # What users install (README, "Install"): wheels and sdists that carry the playbooks, roles and
-# image files (setup.py), and the collection built from the same roles and playbooks.
-dist: venv collection
-	$(BIN)/python -m build -q --outdir dist .
-	$(BIN)/python -m build -q --outdir dist lab
+# image files (setup.py), and the collection built from the same roles and playbooks. Built in a
+# venv of their own holding only what building needs (scripts/build-requirements.txt, about
+# 60 MB), not the development venv (ruff, ansible-lint, a CPU torch: about 1 GB).
+BUILD_DIR ?= build
+BUILD_VENV ?= $(BUILD_DIR)/venv
+DIST ?= dist
+$(BUILD_VENV)/bin/pyproject-build: scripts/build-requirements.txt
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "make dist needs Python's venv module: apt-get install python3-venv" >&2; exit 5; }
+	@test -x $(BUILD_VENV)/bin/python || $(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/pip install -q -r scripts/build-requirements.txt
+	@touch $@
 
-collection: venv
-	$(BIN)/python collection/build.py --output-path dist
+dist: collection
+	$(BUILD_VENV)/bin/python -m build -q --no-isolation --outdir $(DIST) .
+	$(BUILD_VENV)/bin/python -m build -q --no-isolation --outdir $(DIST) lab
+
+collection: $(BUILD_VENV)/bin/pyproject-build
+	$(BUILD_VENV)/bin/python collection/build.py --output-path $(DIST) \
+	  --build-dir $(BUILD_DIR)/collection
 
 # ansible-test sanity on the collection as built: every test, each in its own virtual environment.
 collection-sanity: venv
