@@ -1,18 +1,22 @@
-/* umprov's managed-memory allocator for PyTorch (torch.cuda.memory.CUDAPluggableAllocator).
+/* umprov's managed-memory segments for PyTorch (docs/managed-memory.md).
  *
- * Every tensor PyTorch allocates on the GPU is CUDA managed (unified) memory, so a working set
- * larger than the GPU's memory runs instead of failing with out-of-memory. Placement keeps a
- * working set that fits at device speed: while the bytes placed on the device stay within a
- * budget (the device memory free at the first allocation, less a reserve), an allocation is
- * preferred on the device and prefetched there on the allocating stream, so nothing faults.
- * Past the budget, an allocation is preferred on the host and mapped for the device (accessed
- * by): the GPU reads and writes it over PCIe rather than migrating pages back and forth.
+ * PyTorch's own caching allocator stays the allocator: umprov_managed.py routes every
+ * allocation of the process into a torch.cuda.MemPool whose segments come from here, so
+ * statistics, stream tracking (record_stream), cuDNN's workspace queries and CUDA graphs'
+ * private pools keep working. Each segment is CUDA managed (unified) memory, so a working set
+ * larger than the GPU's memory runs instead of failing with out-of-memory.
  *
- * Freed blocks are kept for the next allocation of the same size on the same stream (stream
- * order makes that reuse safe, as in PyTorch's own caching allocator): a training loop asks
- * for the same sizes every step, and cudaMallocManaged, the advice and cudaFree (which waits
- * for the whole device) would otherwise cost more than the step. Kept blocks are given back
- * when an allocation needs their room on the device, or with umprov_um_empty_cache.
+ * Placement keeps a working set that fits at device speed: while the bytes placed on the
+ * device stay within a budget (the device memory free at the first segment, less a reserve),
+ * a segment is preferred on the device and prefetched there on the allocating stream, so
+ * nothing faults. Past the budget, a segment is preferred on the host and mapped for the
+ * device (accessed by): the GPU reads and writes it over PCIe rather than migrating pages back
+ * and forth. Spilled bytes are bounded by the host: past its budget (the memory available at
+ * the first segment, less a reserve) a segment is refused and PyTorch raises out-of-memory as
+ * it would on the device, instead of the kernel's OOM killer ending the process.
+ *
+ * No cache here: the caching allocator reuses blocks and gives segments back (empty_cache, or
+ * before it reports out-of-memory), and a freed segment is freed at once.
  *
  * No CUDA header or library at build time: the CUDA runtime's functions come from the
  * libcudart that torch loaded (umprov_managed.py passes them to umprov_um_init), so there is
@@ -20,6 +24,7 @@
  * prefetch calls take a cudaMemLocation by value instead of an int device).
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -44,18 +49,18 @@ static struct {
   mem_get_info_fn mem_get_info;
   void *advise, *prefetch;
   int v13, ready;
-  long long budget;  /* device bytes allocations may be placed in; < 0: set at the first one */
-  long long reserve; /* device bytes kept free for others when the budget is set */
-  long long placed, spilled, peak_placed, peak_spilled, allocs, failures, reused;
-} um = {.budget = -1};
+  long long budget;      /* device bytes segments may be placed in; < 0: set at the first one */
+  long long reserve;     /* device bytes kept free for others when the budget is set */
+  long long host_budget; /* host bytes segments may spill to; < 0: set at the first spill */
+  long long host_reserve;
+  long long placed, spilled, peak_placed, peak_spilled, allocs, failures, refused;
+} um = {.budget = -1, .host_budget = -1};
 static pthread_mutex_t um_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Live blocks, by address (to know a freed block's placement: a hash table, as a model holds
- * thousands of tensors), and kept ones (a growable array). */
-typedef struct { void *ptr; long long size; void *stream; int on_device; } block;
-typedef struct { block *at; size_t n, cap; } blocks;
-static blocks live, kept; /* live: open addressing, cap a power of two, ptr NULL is empty */
-static long long kept_bytes;
+/* Live segments, by address (to know a freed segment's placement): open addressing, cap a
+ * power of two, kept at most half full, ptr NULL is empty. */
+typedef struct { void *ptr; long long size; int on_device; } block;
+static struct { block *at; size_t n, cap; } live;
 
 static size_t slot_of(const void *p, size_t cap) {
   uint64_t h = (uint64_t)(uintptr_t)p; /* fmix64: allocations are aligned, the low bits alike */
@@ -107,24 +112,6 @@ static int live_take(const void *p, block *out) { /* deletion shifts the probe c
   return 0;
 }
 
-static int push(blocks *b, block x) {
-  if (b->n == b->cap) {
-    size_t cap = b->cap ? 2 * b->cap : 1024;
-    block *at = realloc(b->at, cap * sizeof *at);
-    if (!at) return -1;
-    b->at = at;
-    b->cap = cap;
-  }
-  b->at[b->n++] = x;
-  return 0;
-}
-
-static block take(blocks *b, size_t i) { /* order is not kept: the last fills the hole */
-  block x = b->at[i];
-  b->at[i] = b->at[--b->n];
-  return x;
-}
-
 static int advise(void *p, size_t n, int advice, int host, int device) {
   if (um.v13) {
     um_location loc = {host ? LOC_HOST : LOC_DEVICE, host ? 0 : device};
@@ -141,9 +128,22 @@ static int prefetch(void *p, size_t n, int device, void *stream) {
   return ((prefetch12_fn)um.prefetch)(p, n, device, stream);
 }
 
-/* Called once from Python before the allocator is installed. */
+/* MemAvailable from /proc/meminfo, in bytes; -1 where it cannot be read. */
+static long long host_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+/* Called once from Python before the allocator is used. A budget < 0 is set at first use. */
 int umprov_um_init(void *malloc_managed, void *free_, void *mem_get_info, void *advise_fn,
-                   void *prefetch_fn, int runtime_version, long long budget, long long reserve) {
+                   void *prefetch_fn, int runtime_version, long long budget, long long reserve,
+                   long long host_budget, long long host_reserve) {
   if (!malloc_managed || !free_ || !mem_get_info || !advise_fn || !prefetch_fn) return -1;
   um.malloc_managed = (malloc_managed_fn)malloc_managed;
   um.free_ = (free_fn)free_;
@@ -153,61 +153,45 @@ int umprov_um_init(void *malloc_managed, void *free_, void *mem_get_info, void *
   um.v13 = runtime_version >= 13000;
   um.budget = budget;
   um.reserve = reserve;
+  um.host_budget = host_budget;
+  um.host_reserve = host_reserve;
   um.ready = 1;
   return 0;
 }
 
-/* Give back every kept block (on the device only, or all); called with um_lock held. */
-static void release_kept(int device_only) {
-  for (size_t i = kept.n; i-- > 0;) {
-    if (device_only && !kept.at[i].on_device) continue;
-    block x = take(&kept, i);
-    kept_bytes -= x.size;
-    if (x.on_device) um.placed -= x.size;
-    else um.spilled -= x.size;
-    um.free_(x.ptr);
-  }
-}
-
-void *umprov_um_malloc(ssize_t size, int device, void *stream) {
-  if (!um.ready || size <= 0) return NULL;
-  pthread_mutex_lock(&um_lock);
-  for (size_t i = kept.n; i-- > 0;) {
-    if (kept.at[i].size == size && kept.at[i].stream == stream) {
-      block x = take(&kept, i);
-      kept_bytes -= x.size;
-      if (live_put(x) == 0) {
-        um.reused++;
-        pthread_mutex_unlock(&um_lock);
-        return x.ptr;
-      }
-      um.free_(x.ptr); /* no room to track it: give it back */
-      if (x.on_device) um.placed -= x.size;
-      else um.spilled -= x.size;
-      break;
-    }
-  }
+/* Where a segment goes: 1 the device, 0 the host, -1 nowhere (past both budgets). Called
+ * with um_lock held. */
+static int placement(long long size) {
   if (um.budget < 0) {
     size_t free_b = 0, total = 0;
     um.budget = um.mem_get_info(&free_b, &total) == 0 && (long long)free_b > um.reserve
                     ? (long long)free_b - um.reserve : 0;
   }
-  if (um.placed + size > um.budget) release_kept(1); /* make room before spilling */
-  void *p = NULL;
-  if (um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
-    release_kept(0); /* out of memory: give back everything kept, then try once more */
-    if (um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
-      pthread_mutex_unlock(&um_lock);
-      return NULL;
-    }
+  if (um.placed + size <= um.budget) return 1;
+  if (um.host_budget < 0) {
+    long long avail = host_available();
+    um.host_budget = avail > um.host_reserve ? avail - um.host_reserve : 0;
   }
-  block x = {p, size, stream, um.placed + size <= um.budget};
+  return um.spilled + size <= um.host_budget ? 0 : -1;
+}
+
+void *umprov_um_malloc(ssize_t size, int device, void *stream) {
+  if (!um.ready || size <= 0) return NULL;
+  pthread_mutex_lock(&um_lock);
+  int on_device = placement(size);
+  void *p = NULL;
+  if (on_device < 0 || um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
+    um.refused++; /* PyTorch frees its cached segments and asks again, or raises OOM */
+    pthread_mutex_unlock(&um_lock);
+    return NULL;
+  }
+  block x = {p, size, on_device};
   if (live_put(x) != 0) {
     um.free_(p);
     pthread_mutex_unlock(&um_lock);
     return NULL;
   }
-  if (x.on_device) {
+  if (on_device) {
     um.placed += size;
     if (um.placed > um.peak_placed) um.peak_placed = um.placed;
   } else {
@@ -217,7 +201,7 @@ void *umprov_um_malloc(ssize_t size, int device, void *stream) {
   um.allocs++;
   pthread_mutex_unlock(&um_lock);
   int rc;
-  if (x.on_device)
+  if (on_device)
     rc = advise(p, (size_t)size, ADVISE_PREFERRED, 0, device) |
          prefetch(p, (size_t)size, device, stream);
   else
@@ -227,37 +211,43 @@ void *umprov_um_malloc(ssize_t size, int device, void *stream) {
   return p;
 }
 
+/* PyTorch frees a segment only once no stream uses it (it synchronises first). */
 void umprov_um_free(void *ptr, ssize_t size, int device, void *stream) {
   (void)device;
   (void)size;
+  (void)stream;
   if (!ptr) return;
   pthread_mutex_lock(&um_lock);
   block x;
-  if (live_take(ptr, &x) == 0) {
-    x.stream = stream; /* the stream it was last used on: reuse stays in its order */
-    if (push(&kept, x) == 0) kept_bytes += x.size;
-    else {
-      if (x.on_device) um.placed -= x.size;
-      else um.spilled -= x.size;
-      um.free_(ptr);
-    }
+  int ours = live_take(ptr, &x) == 0;
+  if (ours) {
+    if (x.on_device) um.placed -= x.size;
+    else um.spilled -= x.size;
   }
   pthread_mutex_unlock(&um_lock);
+  if (ours) um.free_(ptr);
 }
 
-/* Give back every kept block (torch.cuda.empty_cache has no say over this allocator). */
-void umprov_um_empty_cache(void) {
+/* Where the byte at p lives: 1 a segment placed on the device, 0 one spilled to the host,
+ * -1 no segment of ours (a scan: segments are few, megabytes each). */
+int umprov_um_on_device(const void *p) {
+  int where = -1;
+  uintptr_t a = (uintptr_t)p;
   pthread_mutex_lock(&um_lock);
-  release_kept(0);
+  for (size_t i = 0; i < live.cap && where < 0; i++) {
+    uintptr_t base = (uintptr_t)live.at[i].ptr;
+    if (base && a >= base && a < base + (uintptr_t)live.at[i].size) where = live.at[i].on_device;
+  }
   pthread_mutex_unlock(&um_lock);
+  return where;
 }
 
-/* budget, placed, spilled, peak_placed, peak_spilled, allocs, failed advice calls, reused
- * blocks, bytes kept for reuse (placed and spilled include them) */
+/* budget, placed, spilled, peak_placed, peak_spilled, segments allocated, failed advice
+ * calls, segments refused (past both budgets, or by CUDA), host budget */
 void umprov_um_stats(long long out[9]) {
   pthread_mutex_lock(&um_lock);
   long long s[9] = {um.budget, um.placed, um.spilled, um.peak_placed, um.peak_spilled,
-                    um.allocs, um.failures, um.reused, kept_bytes};
+                    um.allocs, um.failures, um.refused, um.host_budget};
   memcpy(out, s, sizeof s);
   pthread_mutex_unlock(&um_lock);
 }

@@ -1,0 +1,255 @@
+"""umprov's pool against the offload tools people pick instead, past the GPU's memory (#36).
+
+    python3 bench/managed_peers.py [--left-gib 15.5] [--layers 15] [--steps 6] [--only NAME,...]
+
+A neighbour process that is not torch (CuPy) holds all of the GPU but ``--left-gib``; then
+each run trains in a child of its own (an allocator is chosen at a process's start): a stack
+of ``nn.TransformerEncoderLayer(4096, 32 heads, ff 16384, dropout 0)``, batch 2 x 512 tokens,
+the median step after the first, the user's code the same for every run but the peers' own
+wrapping:
+
+- default: PyTorch's allocator (out of memory past the GPU's memory: the contrast);
+- pool: ``UMPROV_MANAGED_MEMORY=1`` (the image's hook), the optimizer as written;
+- pool_gpu_step: the same with ``UMPROV_MANAGED_HOST_STEP=0``: the pool before the host step
+  (the issue's baseline: the GPU's kernels over spilled state);
+- torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
+- fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
+
+Also a size that fits (2 layers: default against pool) and the loss curve of the host step
+against the same model trained in device memory (2 layers, 20 steps, the host step forced).
+Every figure against the others of the same run; the pinned host-to-device rate measured here.
+Safety: the pool never asks for more managed memory than the GPU had free (its budget is what
+is free less a reserve); the spilled working set is checked against the host's available
+memory first. Results: bench/results/managed_peers.json, a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MANAGED = HERE.parent / "docker" / "pytorch-cuda" / "managed"
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+GIB = 1 << 30
+NEIGHBOUR = """
+import sys, time, cupy
+free, _ = cupy.cuda.runtime.memGetInfo()
+keep = free - int(float(sys.argv[1]) * (1 << 30))
+held = cupy.empty(keep, dtype=cupy.uint8) if keep > 0 else None
+cupy.cuda.runtime.deviceSynchronize()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+# ---- the child: one run ------------------------------------------------------------------
+def child(run: dict) -> dict:
+    if run["how"].startswith("pool"):
+        sys.path.insert(0, str(MANAGED))
+        import umprov_managed
+
+        umprov_managed.after_torch_import()
+    import torch
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    layers = [torch.nn.TransformerEncoderLayer(4096, 32, 16384, dropout=0.0, batch_first=True)
+              for _ in range(run["layers"])]
+    try:
+        model = torch.nn.Sequential(*layers).to(dev)
+        opt = optimizer(torch, model, run)
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 512, 4096, generator=gen).to(dev)
+        times, losses = [], []
+        for _ in range(run["steps"]):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", torch.bfloat16, enabled=run["dtype"] == "bf16"):
+                loss = model(x).float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(float(loss))
+    except torch.OutOfMemoryError as exc:
+        return {"oom": str(exc).splitlines()[0][:160]}
+    out = {"step_s": times, "losses": losses,
+           "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
+           "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
+           "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
+    if run["how"].startswith("pool"):
+        import umprov_managed
+
+        out["pool"] = umprov_managed.stats()
+        out["host_step"] = "_umprov_host" in opt.__dict__
+    return out
+
+
+def optimizer(torch, model, run: dict):  # noqa: ANN001, ANN201 - torch is the child's
+    kind = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[run["optim"].split("_")[0]]
+    kwargs = {"lr": 1e-5, **({"momentum": 0.9} if kind is torch.optim.SGD else {}),
+              **({"fused": True} if run["optim"].endswith("fused") else {})}
+    if run["how"] == "torchao":
+        from torchao.optim import CPUOffloadOptimizer
+
+        kwargs.pop("fused", None)
+        return CPUOffloadOptimizer(model.parameters(), kind, offload_gradients=True,
+                                   **({"fused": True} if kind is torch.optim.AdamW else {}),
+                                   **kwargs)
+    if run["how"] == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29541")
+        dist.init_process_group("nccl", rank=0, world_size=1)
+        for layer in model:
+            fully_shard(layer, offload_policy=CPUOffloadPolicy(pin_memory=True))
+        fully_shard(model, offload_policy=CPUOffloadPolicy(pin_memory=True))
+        kwargs.pop("fused", None)
+    return kind(model.parameters(), **kwargs)
+
+
+# ---- the parent ---------------------------------------------------------------------------
+def run_child(library: Path, timeout: float, **run: object) -> dict:
+    env = {**os.environ, **NVLS_OFF, "UMPROV_MANAGED_LIBRARY": str(library),
+           "UMPROV_MANAGED_MEMORY": "1" if str(run["how"]).startswith("pool") else "0",
+           "UMPROV_MANAGED_HOST_STEP": {"pool_gpu_step": "0", "pool_host_step": "1"}.get(
+               str(run["how"]), "auto")}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(run)], env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {**run, "error": f"timed out after {timeout:.0f} s"}
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        result = {"error": f"exit {proc.returncode}: {proc.stderr[-800:]}"}
+    return {**run, **result, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def pinned_h2d() -> float:
+    import torch
+
+    n = 2 * GIB
+    host = torch.empty(n, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    best = 0.0
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, n / (time.perf_counter() - t0) / 1e9)
+    del host, dev
+    torch.cuda.empty_cache()
+    return best
+
+
+def step(result: dict) -> float | None:
+    steps = result.get("step_s") or []
+    return statistics.median(steps[1:]) if len(steps) > 1 else None
+
+
+def plan(args: argparse.Namespace) -> list[dict]:
+    big = {"layers": args.layers, "steps": args.steps}
+    runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
+            for dtype, optim, hows in (
+                ("fp32", "adamw", ("default", "pool_gpu_step", "pool", "torchao", "fsdp2")),
+                ("fp32", "adamw_fused", ("pool", "torchao")),
+                ("fp32", "sgd", ("pool_gpu_step", "pool", "torchao")),
+                ("bf16", "adamw", ("pool", "torchao", "fsdp2")))
+            for how in hows]
+    small = {"layers": 2, "optim": "adamw", "dtype": "fp32"}
+    runs += [{"name": f"fit:{how}", "how": how, "steps": 8, **small} for how in ("default",
+                                                                                "pool")]
+    runs += [{"name": f"curve:{how}", "how": how, "steps": 20, **small}
+             for how in ("default", "pool_host_step")]
+    only = set(args.only.split(",")) if args.only else None
+    return [r for r in runs if only is None or r["name"] in only or r["how"] in only]
+
+
+def table(results: list[dict], rate: float) -> list[str]:
+    by = {r["name"]: r for r in results}
+    best_peer = min((step(r) for r in results if r["how"] in ("torchao", "fsdp2")
+                     and r["layers"] > 2 and step(r)), default=None)
+    lines = [f"pinned h2d {rate:.1f} GB/s", "run | step s | x best peer | GPU peak GiB | "
+             "host peak GiB | spilled GiB"]
+    for r in results:
+        s = step(r)
+        spilled = (r.get("pool") or {}).get("peak_spilled", 0) / GIB
+        ratio = f"{s / best_peer:.2f}" if s and best_peer and r["layers"] > 2 else ""
+        what = r.get("oom") and "out of memory" or r.get("error", "")[:60]
+        lines.append(f"{r['name']} | {s and round(s, 3) or what} | {ratio} | "
+                     f"{r.get('gpu_peak_gib', 0):.1f} | {r.get('host_peak_gib', 0):.1f} | "
+                     f"{spilled:.1f}")
+    fit_d, fit_p = step(by.get("fit:default", {})), step(by.get("fit:pool", {}))
+    if fit_d and fit_p:
+        lines.append(f"fits: pool {fit_p:.4f} s vs default {fit_d:.4f} s = {fit_p / fit_d:.3f}x")
+    a, b = by.get("curve:default", {}).get("losses"), by.get("curve:pool_host_step", {}).get(
+        "losses")
+    if a and b:
+        worst = max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
+        lines.append(f"loss curve, host step vs device, 20 steps: worst relative {worst:.2e}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child")
+    ap.add_argument("--left-gib", type=float, default=15.5)
+    ap.add_argument("--layers", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    available = int(next(ln.split()[1] for ln in meminfo if ln.startswith("MemAvailable")))
+    working = args.layers * 201e6 * 16  # weights, gradients, two moments (fp32)
+    if working * 1.5 > available * 1024:
+        raise SystemExit("not enough host memory for the working set and its host copies")
+    rate = pinned_h2d()
+    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(args.left_gib)],
+                                 stdout=subprocess.PIPE, text=True)
+    results = []
+    try:
+        if neighbour.stdout is None or neighbour.stdout.readline().strip() != "ready":
+            raise SystemExit("the neighbour process did not start")
+        with tempfile.TemporaryDirectory() as tmp:
+            library = Path(tmp) / "libumprov_managed.so"
+            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library),
+                            str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+            for run in plan(args):
+                results.append(run_child(library, args.timeout, **run))
+                print(json.dumps({k: v for k, v in results[-1].items() if k != "losses"}),
+                      file=sys.stderr, flush=True)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    lines = table(results, rate)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "managed_peers.json").write_text(json.dumps(
+        {"pinned_h2d_gbs": rate, "left_gib": args.left_gib, "results": results,
+         "table": lines}, indent=2))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The optimizer's step where its state lives, once umprov's pool spills (docs/managed-memory.md).
+
+Past the GPU's memory, the pool keeps what was allocated first on the device: the model, then
+activations; gradients and the optimizer's state (Adam's two moments: twice the model) spill
+to the host. A GPU step over spilled state reads and writes it across PCIe several times a
+step. Here, an optimizer of a kind that updates each parameter on its own steps on the host
+instead: its state lives in host memory, each parameter has a pinned host copy (its master),
+gradients come down once and parameters go up once a step, chunk by chunk, so the copies
+overlap the CPU's work. A gradient that already sits on the host is read where it is.
+
+The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
+class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
+device step that follows. ``optimizer.state`` keeps its keys; its tensors are host tensors,
+so ``state_dict()`` saves them and ``load_state_dict()`` (which puts them on the GPU) is
+brought back here at the next step. A parameter changed outside the optimizer (a checkpoint
+loaded into the model) is read again from the GPU first (its version counter says so).
+
+UMPROV_MANAGED_HOST_STEP: ``auto`` (default: once the pool spills), ``0`` never, ``1``
+always (tests). Not used, and the step runs on the GPU as written: closures, GradScaler's
+fused step, capturable or differentiable optimizers, optimizers of other kinds (whose step
+may couple parameters), parameters off the GPU or sparse gradients.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+KINDS = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
+CHUNK = 256 << 20  # bytes of parameters a chunk: big enough for the CPU's threads and the bus
+SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
+_lib: Any = None
+
+
+def install(library: Any) -> None:
+    """The global step hooks (once the pool runs: ``umprov_managed._start``)."""
+    global _lib
+    if _lib is not None or os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto") == "0":
+        return
+    _lib = library
+    torch.optim.optimizer.register_optimizer_step_pre_hook(_before_step)
+    torch.optim.optimizer.register_optimizer_step_post_hook(_after_step)
+
+
+def _on_device(tensor: torch.Tensor) -> int:
+    return int(_lib.umprov_um_on_device(tensor.data_ptr())) if _lib is not None else 1
+
+
+def _spilling() -> bool:
+    stats = (ctypes.c_longlong * 9)()
+    _lib.umprov_um_stats(stats)
+    return stats[2] > 0  # bytes spilled to the host
+
+
+def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
+    """Whether a host step computes what the user's device step would."""
+    if type(opt).__name__ not in KINDS or type(opt).__module__.split(".")[:2] != ["torch",
+                                                                                  "optim"]:
+        return False
+    if len(args) > 1 or kwargs:  # a closure, GradScaler's grad_scale / found_inf
+        return False
+    for group in opt.param_groups:
+        if group.get("capturable") or group.get("differentiable"):
+            return False
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) and lr.device.type != "cpu":
+            return False
+        for p in group["params"]:
+            if p.device.type != "cuda" or p.is_complex() or not p.is_floating_point():
+                return False
+            if p.grad is not None and (p.grad.is_sparse or not p.grad.is_contiguous()):
+                return False
+    return True
+
+
+def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    host = opt.__dict__.get("_umprov_host")
+    if host is None:
+        mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
+        if not eligible(opt, args, kwargs) or (mode != "1" and not _spilling()):
+            return
+        host = opt.__dict__["_umprov_host"] = HostStep(opt)
+    elif not eligible(opt, args, kwargs):
+        return
+    host.step()
+    opt.__dict__["_umprov_groups"] = opt.param_groups
+    opt.param_groups = [{**g, "params": []} for g in opt.param_groups]  # the device step: none
+
+
+def _after_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    groups = opt.__dict__.pop("_umprov_groups", None)
+    if groups is not None:
+        opt.param_groups = groups
+
+
+class HostStep:
+    """One optimizer's host side: pinned masters, gradient slots, the copy stream."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.opt = opt
+        self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
+        self.masters: dict[torch.Tensor, torch.Tensor] = {}
+        self.versions: dict[torch.Tensor, int] = {}
+        self.slots: list[torch.Tensor] = []
+        self.down, self.up = torch.cuda.Stream(), torch.cuda.Stream()  # both ways at once
+        self.uploaded: torch.cuda.Event | None = None
+        self.fused = "cpu" in torch.optim.optimizer._get_fused_kernels_supported_devices()
+
+    def step(self) -> None:
+        params = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return
+        if self.uploaded is not None:
+            self.uploaded.synchronize()  # the last step's masters have gone up
+        self._masters_for(params)
+        for stream in (self.down, self.up):  # backward's gradients are written
+            stream.wait_stream(torch.cuda.current_stream())
+        chunks = _chunks(params)
+        self._size_slots(params)
+        waiting = [self._down(chunk, i % SLOTS) for i, chunk in enumerate(chunks[:SLOTS])]
+        for i, chunk in enumerate(chunks):
+            waiting[i].synchronize()
+            self._step_on_host(chunk)
+            self._up(chunk)
+            if i + SLOTS < len(chunks):  # the CPU is done with this slot: the next one down
+                waiting.append(self._down(chunks[i + SLOTS], i % SLOTS))
+        self.uploaded = torch.cuda.Event()
+        self.uploaded.record(self.up)
+        torch.cuda.current_stream().wait_stream(self.up)  # the next forward sees them
+        for p in params:
+            self.masters[p].grad = None
+            self.versions[p] = p._version
+
+    def _masters_for(self, params: list[torch.Tensor]) -> None:
+        """Pinned host copies of the parameters, made once (exact sizes, one block a dtype);
+        read again where a parameter changed outside the optimizer."""
+        new = [p for p in params if p not in self.masters]
+        for dtype in {p.dtype for p in new}:
+            mine = [p for p in new if p.dtype == dtype]
+            flat = _pinned(sum(p.numel() for p in mine), dtype, self.opt)
+            at = 0
+            for p in mine:
+                self.masters[p] = flat[at:at + p.numel()].view_as(p)
+                at += p.numel()
+        for p in params:
+            if self.versions.get(p) != p._version:  # new, or changed outside the optimizer
+                self.masters[p].copy_(p.detach())
+        state = self.opt.state
+        for p in params:
+            for key, value in state[p].items():  # from load_state_dict, or a device step
+                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                    state[p][key] = value.to("cpu", torch.float32 if key == "step" else None)
+
+    def _size_slots(self, params: list[torch.Tensor]) -> None:
+        """Pinned gradient slots, each as large as a chunk or the largest parameter."""
+        need = max([CHUNK] + [p.numel() * p.element_size() for p in params])
+        if not self.slots or self.slots[0].numel() < need:
+            self.slots = [_pinned(need, torch.uint8, self.opt) for _ in range(SLOTS)]
+
+    def _down(self, chunk: list[torch.Tensor], slot: int) -> torch.cuda.Event:
+        """The chunk's gradients to the host: read in place where they spilled, else copied
+        into a pinned slot."""
+        buffer = self.slots[slot]
+        at = 0
+        with torch.cuda.stream(self.down):
+            for p in chunk:
+                grad, master = p.grad, self.masters[p]
+                if _on_device(grad) == 0:
+                    master.grad = _host_view(grad)
+                    continue
+                nbytes = grad.numel() * grad.element_size()
+                view = buffer[at:at + nbytes].view(grad.dtype).view_as(grad)
+                view.copy_(grad, non_blocking=True)
+                master.grad = view
+                at += nbytes
+        done = torch.cuda.Event()
+        done.record(self.down)
+        return done
+
+    def _step_on_host(self, chunk: list[torch.Tensor]) -> None:
+        """The user's optimizer over the chunk's masters, with the user's groups and state."""
+        opt = self.opt
+        groups, state = opt.param_groups, opt.state
+        inner: defaultdict = defaultdict(dict)
+        host_groups = []
+        ids = {id(p) for p in chunk}
+        for g in groups:
+            mine = [p for p in g["params"] if id(p) in ids]
+            if not mine:
+                continue
+            for p in mine:
+                inner[self.masters[p]] = state[p]
+            extra = {"foreach": False, "fused": self.fused} if "fused" in g else {"foreach": False}
+            host_groups.append({**g, **extra, "params": [self.masters[p] for p in mine]})
+        opt.param_groups, opt.state = host_groups, inner
+        try:
+            with torch.no_grad():
+                self.step_fn(opt)
+        finally:
+            opt.param_groups, opt.state = groups, state
+
+    def _up(self, chunk: list[torch.Tensor]) -> None:
+        with torch.cuda.stream(self.up), torch.no_grad():
+            for p in chunk:
+                p.detach().copy_(self.masters[p], non_blocking=True)
+
+
+def _chunks(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    chunks: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in params:
+        if chunks[-1] and size + p.numel() * p.element_size() > CHUNK:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(p)
+        size += p.numel() * p.element_size()
+    return chunks
+
+
+def _host_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the same (host-resident managed) memory: no copy."""
+    nbytes = tensor.numel() * tensor.element_size()
+    raw = (ctypes.c_byte * nbytes).from_address(tensor.data_ptr())
+    return torch.frombuffer(raw, dtype=tensor.dtype).view_as(tensor)
+
+
+def _pinned(numel: int, dtype: torch.dtype, owner: Any) -> torch.Tensor:
+    """Host memory of exactly this size, page-locked for the copy engines (PyTorch's pinned
+    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner."""
+    flat = torch.empty(numel, dtype=dtype)
+    nbytes = flat.numel() * flat.element_size()
+    if nbytes and _cudart().cudaHostRegister(ctypes.c_void_p(flat.data_ptr()),
+                                             ctypes.c_size_t(nbytes), 0) == 0:
+        weakref.finalize(owner, _unpin, flat)
+    return flat
+
+
+def _unpin(flat: torch.Tensor) -> None:
+    _cudart().cudaHostUnregister(ctypes.c_void_p(flat.data_ptr()))
+
+
+def _cudart() -> Any:
+    from umprov_managed import _cudart as loaded
+
+    return loaded()

@@ -1,0 +1,143 @@
+"""What PyTorch users do, on umprov's pool (run as a script by test_managed_compat_gpu.py).
+
+    python managed_cases.py CASE [ARG]     # prints one JSON line: the case's facts
+
+UMPROV_MANAGED_MEMORY=1 and the allocator's folder on PYTHONPATH switch the pool on at torch's
+import, as in umprov's image; the same cases run without it for the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import umprov_managed
+
+umprov_managed.after_torch_import()
+
+import torch  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                               torch.nn.Linear(1024, 512)).to(DEV)
+
+
+def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    return [(torch.randn(64, 512, generator=gen).to(DEV), torch.randn(64, 512, generator=gen)
+             .to(DEV)) for _ in range(n)]
+
+
+def train(m: torch.nn.Module, opt: torch.optim.Optimizer, data: list, *, accumulate: int = 1,
+          sched: object = None) -> list[float]:
+    losses = []
+    for i, (x, y) in enumerate(data):
+        loss = torch.nn.functional.mse_loss(m(x), y) / accumulate
+        loss.backward()
+        if (i + 1) % accumulate == 0:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+            if sched is not None:
+                sched.step()
+        losses.append(float(loss))
+    return losses
+
+
+def case_stats() -> dict:
+    x = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    allocated, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+    summary = torch.cuda.memory_summary()
+    del x
+    return {"allocated": allocated, "peak": peak, "summary_lines": len(summary.splitlines()),
+            "after_free": torch.cuda.memory_allocated(), "pool": umprov_managed.stats()}
+
+
+def case_cudnn() -> dict:
+    torch.backends.cudnn.benchmark = True
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).to(DEV)
+    x = torch.randn(8, 16, 64, 64, device=DEV, requires_grad=True)
+    out = conv(x)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    return {"out": list(out.shape), "grad": float(x.grad.abs().sum())}
+
+
+def case_compile(mode: str) -> dict:
+    m = model()
+    x = torch.randn(64, 512, device=DEV)
+    eager = m(x)
+    compiled = torch.compile(m, mode=None if mode == "default" else mode)
+    outs = [compiled(x) for _ in range(4)]
+    torch.cuda.synchronize()
+    return {"max_diff": max(float((o - eager).abs().max()) for o in outs)}
+
+
+def case_train(optim: str) -> dict:
+    m = model()
+    kind, kwargs = {"adamw": (torch.optim.AdamW, {}), "adamw_fused": (torch.optim.AdamW, {
+        "fused": True}), "sgd": (torch.optim.SGD, {"momentum": 0.9})}[optim]
+    opt = kind(m.parameters(), lr=1e-3, **kwargs)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    losses = train(m, opt, batches(12), accumulate=2, sched=sched)
+    return {"losses": losses, "host_step": "_umprov_host" in opt.__dict__}
+
+
+def case_resume(path: str) -> dict:
+    """Train 4 steps, save; in a fresh process (``resume``), load and train 4 more."""
+    data = batches(8)
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    if os.path.exists(path):
+        saved = torch.load(path, weights_only=True)
+        m.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        return {"losses": train(m, opt, data[4:])}
+    losses = train(m, opt, data[:4])
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, path)
+    return {"losses": losses, "host_step": "_umprov_host" in opt.__dict__}
+
+
+def case_side_stream() -> dict:
+    """A block used on a side stream (record_stream) is not handed out again while that
+    stream's work on it runs."""
+    side = torch.cuda.Stream()
+    a = torch.randn(4096, 4096, device=DEV)
+    t = torch.empty(4096, 4096, device=DEV)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            torch.matmul(a, a, out=t)
+    t.record_stream(side)
+    ptr = t.data_ptr()
+    del t
+    u = torch.empty(4096, 4096, device=DEV)
+    same = u.data_ptr() == ptr
+    torch.cuda.synchronize()
+    return {"reused_early": same}
+
+
+def case_ddp() -> dict:
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        m = torch.nn.parallel.DistributedDataParallel(model(), device_ids=[0])
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        return {"losses": train(m, opt, batches(6))}
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    name, *rest = sys.argv[1:]
+    facts = globals()[f"case_{name}"](*rest)
+    facts["enabled"] = umprov_managed.enabled()
+    print(json.dumps(facts))

@@ -1,0 +1,101 @@
+"""Nothing in PyTorch stops working on umprov's pool (issue #36 item 2): each case of
+managed_cases.py runs with the pool switched on at torch's import, as in umprov's image, and
+where it trains, against the same run on PyTorch's own allocator. The optimizer's host step
+(umprov_managed_step) is forced on where training is compared, so it is what is proven."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MANAGED = REPO / "docker" / "pytorch-cuda" / "managed"
+CASES = Path(__file__).with_name("managed_cases.py")
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build the allocator with")
+    out = tmp_path_factory.mktemp("managed") / "libumprov_managed.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out),
+                    str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+    return out
+
+
+def run(library: Path, *args: str, pool: bool = True, host_step: str = "1",
+        **env: str) -> tuple[dict, str]:
+    path = os.pathsep.join(p for p in (str(MANAGED), os.environ.get("PYTHONPATH")) if p)
+    full = {**os.environ, **NVLS_OFF, "PYTHONPATH": path, "UMPROV_MANAGED_LIBRARY": str(library),
+            "UMPROV_MANAGED_MEMORY": "1" if pool else "0",
+            "UMPROV_MANAGED_HOST_STEP": host_step, **env}
+    proc = subprocess.run([sys.executable, str(CASES), *args], capture_output=True, text=True,
+                          timeout=600, env=full)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def close(a: list[float], b: list[float], rel: float = 1e-5) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rel * max(abs(y), 1e-12)
+                                    for x, y in zip(a, b, strict=True))
+
+
+def test_cuda_malloc_async_leaves_the_pool_off_in_one_line_and_the_job_runs(library):
+    facts, err = run(library, "stats", PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+    assert not facts["enabled"] and facts["allocated"] >= 256 << 20
+    said = [ln for ln in err.splitlines() if "umprov managed memory" in ln]
+    assert len(said) == 1 and "cudaMallocAsync" in said[0], err[-2000:]
+
+
+def test_memory_statistics_tell_the_truth(library):
+    facts, _ = run(library, "stats")
+    assert facts["enabled"] and facts["pool"]["placed"] >= 256 << 20
+    assert facts["allocated"] >= 256 << 20 and facts["peak"] >= facts["allocated"]
+    assert facts["after_free"] < 256 << 20 and facts["summary_lines"] > 10
+
+
+def test_cudnn_benchmark_on_a_convolution(library):
+    facts, _ = run(library, "cudnn")
+    assert facts["enabled"] and facts["out"] == [8, 32, 64, 64] and facts["grad"] > 0
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_torch_compile(library, mode):
+    facts, _ = run(library, "compile", mode)
+    assert facts["enabled"] and facts["max_diff"] < 1e-4, facts
+
+
+@pytest.mark.parametrize("optim", ["adamw", "adamw_fused", "sgd"])
+def test_accumulation_clipping_and_a_schedule_train_as_on_the_default_allocator(library, optim):
+    base, _ = run(library, "train", optim, pool=False)
+    pool, _ = run(library, "train", optim)
+    assert pool["enabled"] and pool["host_step"], pool
+    assert close(pool["losses"], base["losses"]), (pool["losses"], base["losses"])
+
+
+def test_optimizer_state_saved_and_loaded_in_a_fresh_process(library, tmp_path):
+    base_first, _ = run(library, "resume", str(tmp_path / "base.pt"), pool=False)
+    base_then, _ = run(library, "resume", str(tmp_path / "base.pt"), pool=False)
+    first, _ = run(library, "resume", str(tmp_path / "pool.pt"))
+    then, _ = run(library, "resume", str(tmp_path / "pool.pt"))
+    assert first["host_step"]
+    assert close(first["losses"] + then["losses"], base_first["losses"] + base_then["losses"])
+
+
+def test_a_side_stream_block_is_not_reused_early(library):
+    facts, _ = run(library, "side_stream")
+    assert facts["enabled"] and not facts["reused_early"]
+
+
+def test_ddp_over_nccl(library):
+    base, _ = run(library, "ddp", pool=False)
+    pool, _ = run(library, "ddp")
+    assert pool["enabled"] and close(pool["losses"], base["losses"])
