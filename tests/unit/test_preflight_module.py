@@ -95,7 +95,7 @@ class _Module:
     def __init__(self, **params: Any) -> None:
         self.params = {"ansible_version": "2.19.0", "ansible_minimum": "2.17",
                        "fail_on_unsupported_os": True, "unknown_variables": [],
-                       "fail_on_unknown_variables": True, "value_rules": {}, "values": {},
+                       "known_variables": [], "fail_on_unknown_variables": True, "value_rules": {}, "values": {},
                        **params}
         self.warnings: list[str] = []
 
@@ -152,3 +152,19 @@ def test_the_module_gathers_the_minimal_facts_setup_would(facts):
     for name in ("ansible_distribution", "ansible_os_family", "ansible_service_mgr",
                  "ansible_architecture", "ansible_kernel", "ansible_distribution_release"):
         assert name in gathered, name
+
+
+def test_an_unknown_variable_gets_the_suggestion_inventory_check_makes(facts):
+    """One home for the suggestion: the module's function, which umprov inventory check uses."""
+    from umprov.inventory.rules import did_you_mean
+
+    known = ["nvidia_driver_branch", "docker_engine_source"]
+    module = _Module(unknown_variables=["nvidia_driver_brnch", "docker_engine_" + "z" * 30],
+                     known_variables=known)
+    debian = facts.os_check(os_facts("Debian", "12", "Debian"), SUPPORTED, "gpu1")
+    with pytest.raises(_Refused, match=r"Unknown variable\(s\): docker_engine_z+, "
+                       r"nvidia_driver_brnch \(did you mean 'nvidia_driver_branch'\?\)\. .*"
+                       r"docs/roles\.md, in umprov's repository and the umprov\.gpu collection"):
+        facts.check_inputs(module, debian)
+    assert did_you_mean("nvidia_driver_brnch", known) == facts.did_you_mean(
+        "nvidia_driver_brnch", known) == " (did you mean 'nvidia_driver_branch'?)"

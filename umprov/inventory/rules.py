@@ -4,22 +4,26 @@ to 65535, a driver branch as NVIDIA's packages name it, a size Docker can read).
 The rules live in one data file shipped with the preflight role,
 roles/gpu_preflight/files/value_rules.yml, which the preflight play checks every host against
 before anything changes; umprov reads the same file for `umprov inventory check` and for its
-own options (--shm-size), so the two can never disagree.
+own options (--shm-size), so the two can never disagree. The suggestion for a misspelt variable
+is the preflight module's own function, which the play runs, read from the same role.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from umprov.errors import ConfigError, InventoryError
+from umprov.errors import ConfigError, EnvironmentProblem, InventoryError
 from umprov.paths import content_file
 
 RULES_FILE = Path("gpu_preflight") / "files" / "value_rules.yml"
+PREFLIGHT_MODULE = Path("gpu_preflight") / "library" / "gpu_preflight_facts.py"
 
 
 @dataclass(frozen=True)
@@ -87,3 +91,22 @@ def check_format(format_name: str, value: Any, what: str) -> str:
     if fmt is not None and not fmt.allows(value):
         raise ConfigError(f"{what}: {str(value)[:40]!r} is not {fmt.expected}")
     return str(value).strip()
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """" (did you mean 'X'?)" for the known name closest to a misspelt one, else "": the
+    preflight module's function (one home: the play's message and umprov's are the same)."""
+    return str(_preflight_module().did_you_mean(name, list(known)))
+
+
+@cache
+def _preflight_module() -> ModuleType:
+    import importlib.util
+
+    path = content_file("roles", str(PREFLIGHT_MODULE))
+    spec = importlib.util.spec_from_file_location("umprov_gpu_preflight_facts", path)
+    if spec is None or spec.loader is None:
+        raise EnvironmentProblem(f"{path}: cannot be loaded; reinstall umprov")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -6,7 +6,6 @@ naming the file and line the value came from, and the template when there was on
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -17,7 +16,7 @@ from umprov.errors import InventoryError
 from umprov.inventory.ansible_io import Parsed, first_line
 from umprov.inventory.model import Host
 from umprov.inventory.origins import variable_origin
-from umprov.inventory.rules import ValueRules
+from umprov.inventory.rules import ValueRules, did_you_mean
 from umprov.inventory.specs import (
     VarSpec,
     is_ascii_number,
@@ -233,10 +232,8 @@ def _checked(hv: HostVars, key: str, checks: Checks) -> Any:
     spec = checks.specs.get(key)
     where, name = hv.where(key), hv.name
     if spec is None:
-        hint = difflib.get_close_matches(key, list(checks.specs), n=1)
-        suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
         raise InventoryError(f"{where}: unknown umprov variable '{key}' on host '{name}'"
-                             f"{suggestion}")
+                             f"{did_you_mean(key, checks.specs)}")
     if too_big(hv.raw(key)):
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' holds a number too "
                              f"large ({short(hv.raw(key))})")

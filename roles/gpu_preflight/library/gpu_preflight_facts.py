@@ -56,6 +56,13 @@ options:
     type: list
     elements: str
     default: []
+  known_variables:
+    description:
+      - The variables the roles define, to suggest the one an unknown variable misspells (the
+        suggestion C(umprov inventory check) makes).
+    type: list
+    elements: str
+    default: []
   fail_on_unknown_variables:
     description: Fail on unknown variables; otherwise warn.
     type: bool
@@ -131,6 +138,7 @@ summary:
   returned: always
 """
 
+import difflib
 import glob
 import math
 import os
@@ -503,6 +511,13 @@ def os_check(facts, supported, host):
             "family_supported": family == "Debian", "message": message}
 
 
+def did_you_mean(name, known):
+    """' (did you mean 'X'?)' for the known name closest to a misspelt one, else ''. The one
+    home of the suggestion: umprov inventory check uses this function too."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return " (did you mean '%s'?)" % close[0] if close else ""
+
+
 def check_inputs(module, os_state):
     """Stop (or warn) on an unsupported OS or misspelt role variables, before any probe."""
     params = module.params
@@ -531,12 +546,12 @@ def check_inputs(module, os_state):
     if unknown:
         text = (
             "Unknown variable(s): %s. They carry a umprov role prefix but no role defines them"
-            % (", ".join(unknown))
+            % ", ".join(u + did_you_mean(u, params["known_variables"]) for u in unknown)
         )
         if params["fail_on_unknown_variables"]:
             problems.append(
-                "%s (see docs/roles.md); gpu_preflight_fail_on_unknown_variables=false turns this "
-                "into a warning." % text
+                "%s (see docs/roles.md, in umprov's repository and the umprov.gpu collection); "
+                "gpu_preflight_fail_on_unknown_variables=false turns this into a warning." % text
             )
         else:
             module.warn(text + ".")
@@ -586,6 +601,7 @@ def main():
             host=dict(type="str", default=""),
             fail_on_unsupported_os=dict(type="bool", default=True),
             unknown_variables=dict(type="list", elements="str", default=[]),
+            known_variables=dict(type="list", elements="str", default=[]),
             fail_on_unknown_variables=dict(type="bool", default=True),
             value_rules=dict(type="dict", default={}),
             values=dict(type="dict", default={}),
