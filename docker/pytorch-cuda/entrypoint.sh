@@ -88,15 +88,38 @@ if [ "$(stat -c %u /workspace)" != "$uid" ]; then
     chown "$uid:$gid" /workspace
 fi
 
-# --- sshd: ssh sessions get the image's environment (PATH to the venv, CUDA variables) -------
-setenv=()
-for name in PATH LD_LIBRARY_PATH CUDA_HOME CUDA_VERSION NVIDIA_VISIBLE_DEVICES \
-            NVIDIA_DRIVER_CAPABILITIES PYTORCH_VERSION LANG; do
-    value=${!name:-}
-    if [ -n "$value" ] && [[ "$value" != *[[:space:]\"]* ]]; then
-        setenv+=("$name=$value")
-    fi
-done
+# --- sshd: every login gets the container's environment ----------------------------------
+# What docker exec and Jupyter get (the image's ENV, deploy's UMPROV_MANAGED_*, the user's
+# --env / umprov_env), less this script's own inputs and what sshd sets for each session: one
+# SetEnv line in a root-only file that sshd_config includes. Each value is quoted for sshd's
+# parser (\ and " escaped), so spaces, quotes and $ arrive as given, whatever the login runs
+# (a command, a shell, sftp); nothing on sshd's command line, where any process could read a
+# secret. SetEnv cannot carry a line break: such a variable is left out, saying so (deploy
+# refuses one). Login shells' /etc/profile resets PATH: profile.d puts the container's back.
+write_login_environment() {
+    local name value setenv=""
+    while IFS= read -r name; do
+        case "$name" in
+            SSH_AUTHORIZED_KEYS*|SSH_ALLOW_AGENT_FORWARDING|SSH_PORT|JUPYTER_*) continue ;;
+            HOME|USER|LOGNAME|SHELL|MAIL|PWD|OLDPWD|SHLVL|TERM|_) continue ;;
+        esac
+        value=${!name-}
+        if [[ "$value" == *[$'\n\r']* ]]; then
+            log "$name holds a line break: SSH logins do not get it"
+            continue
+        fi
+        value=${value//\\/\\\\}
+        value=${value//\"/\\\"}
+        setenv+=" \"$name=$value\""
+    done < <(compgen -e)
+    (
+        umask 077
+        if [ -n "$setenv" ]; then printf 'SetEnv%s\n' "$setenv"; fi > /etc/ssh/umprov_environment.conf
+    )
+    mkdir -p /etc/profile.d
+    printf "export PATH='%s'\n" "${PATH//\'/\'\\\'\'}" > /etc/profile.d/umprov-path.sh
+}
+write_login_environment
 agent_forwarding=${SSH_ALLOW_AGENT_FORWARDING:-no}
 case "$agent_forwarding" in
     yes|no) ;;
@@ -106,7 +129,7 @@ mkdir -p /run/sshd
 chmod 0755 /run/sshd
 /usr/sbin/sshd -t -o "AllowUsers=$user" || die "sshd configuration is invalid"
 /usr/sbin/sshd -D -e -o "AllowUsers=$user" -o "Port=${SSH_PORT:-22}" \
-    -o "AllowAgentForwarding=$agent_forwarding" -o "SetEnv=${setenv[*]}" &
+    -o "AllowAgentForwarding=$agent_forwarding" &
 sshd_pid=$!
 
 # --- Jupyter as the user ---------------------------------------------------------------------
