@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from umprov.deploy.options import DEFAULT_NAME
-from umprov.deploy.spec import LABEL
+from umprov.deploy.spec import LABEL, MANAGED_VARIABLE, POOL_LABEL
 from umprov.deploy.state import load_connection, token_path
 from umprov.errors import ConfigError, TrustError, UmprovError
 from umprov.hosts import render
@@ -36,7 +36,7 @@ HOST_FIELDS: list[render.Field] = [
     ("reachable", render.ok),
     *render.data_fields("container", "driver", "driver_error", "host_gpus", "docker",
                         "nvidia_runtime", "state", "health", "image", "ports", "container_gpus",
-                        "jupyter"),
+                        "jupyter", "managed_memory", "managed_memory_pool"),
     ("error", lambda o: o.detail or render.ABSENT),
 ]
 
@@ -115,6 +115,7 @@ def _probe_engine(client: Any, name: str, data: dict[str, Any]) -> str:
         data["state"] = state.get("Status")
         data["health"] = (state.get("Health") or {}).get("Status")
         data["image"] = container.labels.get(f"{LABEL}.image") or container.attrs["Config"]["Image"]
+        _managed_memory(container, data)
         data["ports"] = {
             k: [f"{b['HostIp']}:{b['HostPort']}" for b in (v or [])]
             for k, v in (container.attrs["NetworkSettings"].get("Ports") or {}).items()
@@ -129,6 +130,15 @@ def _probe_engine(client: Any, name: str, data: dict[str, Any]) -> str:
     except DockerException as exc:
         return one_line(exc, 200)
     return ""
+
+
+def _managed_memory(container: Any, data: dict[str, Any]) -> None:
+    """Whether the container runs with the pool switched on, and whether its image carries it
+    (the image's label, which Docker copies into the container's)."""
+    env = container.attrs["Config"].get("Env") or []
+    data["managed_memory"] = f"{MANAGED_VARIABLE}=1" in env
+    held = (container.labels or {}).get(POOL_LABEL)
+    data["managed_memory_pool"] = {"1": True, "0": False}.get(held or "")
 
 
 def connect_text(host_name: str) -> str:

@@ -236,6 +236,7 @@ def test_a_hosts_json_record_keeps_its_shape():
         "host": "gpu1", "ok": True, "status": "created", "message": "", "container_id": None,
         "image_id": None, "ssh": None, "jupyter": None, "pushed_bytes": 0, "push_seconds": 1.23,
         "push_stream_seconds": 0.0, "skipped_bytes": 0, "seconds": 0.0,
+        "managed_memory": None, "managed_memory_pool": None, "changed": [], "warnings": [],
     }]
     assert list(records([outcome], HOST_FIELDS)[0])[:4] == ["host", "ok", "status", "message"]
 

@@ -64,7 +64,8 @@ def test_status_probes_each_host_and_keeps_the_json_shape(fleet: None) -> None:
     up, down = records(outcomes, status.HOST_FIELDS)
     assert list(up) == ["host", "reachable", "container", "driver", "host_gpus", "docker",
                         "nvidia_runtime", "state", "health", "image", "ports", "container_gpus",
-                        "jupyter"]
+                        "jupyter", "managed_memory", "managed_memory_pool"]
+    assert up["managed_memory"] is False and up["managed_memory_pool"] is None
     assert up["driver"] == "580.95.05" and up["container_gpus"] == 2 and up["jupyter"] is True
     assert up["ports"] == {"22/tcp": ["127.0.0.1:2222"]} and up["nvidia_runtime"] is True
     assert down == {"host": "down", "reachable": False, "container": "umprov",

@@ -54,6 +54,10 @@ if TYPE_CHECKING:
               help="PyTorch in the container allocates CUDA managed memory, so a job may use "
               "more than the GPU's memory (default: the host's umprov_managed_memory, else off; "
               "docs/managed-memory.md).")
+@click.option("--env", "env", metavar="KEY=VALUE", multiple=True,
+              help="An environment variable for the container, over the host's umprov_env "
+              "(repeatable); --env KEY takes KEY's value from this shell, which keeps a secret "
+              "off the command line. Part of the container's spec: a change replaces it.")
 @forks_option
 @json_option
 def deploy(
@@ -73,6 +77,7 @@ def deploy(
     trust_new_hosts: bool,
     allow_agent_forwarding: bool,
     managed_memory: bool | None,
+    env: tuple[str, ...],
     forks: int | None,
     as_json: bool,
 ) -> int:
@@ -85,7 +90,15 @@ def deploy(
     umprov deploy lab/demo --push --gpus none --limit lab-demo-1
     umprov status --connect lab-demo-1      # ssh command and Jupyter URL
     """
-    from umprov.deploy.options import DeployOptions, checked, network_exposure, settings_for_all
+    import os
+
+    from umprov.deploy.options import (
+        DeployOptions,
+        checked,
+        network_exposure,
+        parse_env,
+        settings_for_all,
+    )
     from umprov.errors import ConfigError
     from umprov.hosts.results import exit_code
     from umprov.inventory import load_inventory
@@ -105,6 +118,7 @@ def deploy(
         trust_new=trust_new_hosts,
         agent_forwarding=allow_agent_forwarding,
         managed_memory=managed_memory,
+        env=parse_env(env, os.environ),
     ), authorized_key)
     hosts = list(load_inventory(inventory).select(limit))
     settings_for_all(hosts, opts)  # every host's values, before any host is contacted
@@ -158,12 +172,18 @@ def push_cell(outcome: HostOutcome) -> str:
     return cell
 
 
+def message_cell(outcome: HostOutcome) -> str:
+    """The host's message (a failure, or why it was replaced) and its warnings."""
+    return "; ".join(m for m in (outcome.detail, *outcome.data["warnings"]) if m)
+
+
 COLUMNS: list[render.Field] = [
     ("host", render.host),
     ("status", render.state),
     ("container", lambda o: (o.data["container_id"] or "")[:12]),
     ("ssh", lambda o: o.data["ssh"] or ""),
     ("jupyter", lambda o: o.data["jupyter"] or ""),
+    ("managed memory", render.managed_memory),
     ("push", push_cell),
-    ("message", render.detail),
+    ("message", message_cell),
 ]

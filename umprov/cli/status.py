@@ -35,6 +35,7 @@ COLUMNS: list[render.Field] = [
     ("ports", lambda o: _ports(o.data.get("ports"))),
     ("gpus", lambda o: o.data.get("container_gpus", o.data.get("host_gpus", "-"))),
     ("jupyter", lambda o: _yes_no(o.data.get("jupyter"))),
+    ("managed memory", lambda o: render.managed_memory(o) or "-"),
     ("error", render.detail),
 ]
 

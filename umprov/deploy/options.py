@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from umprov.errors import ConfigError, UmprovError
 from umprov.hosts import HostLike, is_loopback
 from umprov.image import DEFAULT_TAG
 from umprov.inventory import check_format, flag
+from umprov.inventory.container_env import checked_env, env_problem
 
 DEFAULT_NAME = "umprov"
 DEFAULT_SSH_PORT = 2222
@@ -161,6 +162,25 @@ class DeployOptions:
     trust_new: bool = False
     agent_forwarding: bool = False  # sshd in the container lets ssh -A forward an agent
     managed_memory: bool | None = None  # PyTorch on managed memory (docs/managed-memory.md)
+    # --env: the container's environment, over each host's umprov_env (values: never shown)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_env(items: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` and ``--env KEY`` (the value of KEY here, as docker takes it); a
+    name given twice, or one not set here, is a ConfigError naming it (never its value)."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if name in env:
+            raise ConfigError(f"--env gives {name[:60]} twice")
+        if not sep:
+            if name not in environ:
+                raise ConfigError(f"--env {name[:60]}: {name[:60]} is not set in umprov's "
+                                  f"environment (export it, or give --env {name[:60]}=VALUE)")
+            value = environ[name]
+        env[name] = value
+    return env
 
 
 def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
@@ -180,6 +200,9 @@ def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
     if opts.name is not None:
         check_container_name(opts.name, "--name")
     check_shm_size(opts.shm_size)
+    problem = env_problem(opts.env, managed=bool(opts.managed_memory))
+    if problem:
+        raise ConfigError(f"--env: {problem}")
     # Absolute before it is stored: the ssh config deploy writes names the private half, and
     # `ssh` from another folder must find it.
     key_path = (authorized_key or default_public_key()).expanduser().absolute()
@@ -204,6 +227,8 @@ class HostSettings:
     raise_limits: bool = True
     # umprov_managed_memory / --managed-memory: PyTorch's allocator over CUDA managed memory.
     managed_memory: bool = False
+    # umprov_env / --env: more of the container's environment (its values may be secrets).
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
@@ -227,7 +252,19 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     managed = (opts.managed_memory if opts.managed_memory is not None
                else flag(hv.get("umprov_managed_memory"), default=False))
     return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits,
-                        managed)
+                        managed, container_env(host, opts, managed))
+
+
+def container_env(host: HostLike, opts: DeployOptions, managed: bool) -> dict[str, str]:
+    """The host's umprov_env with --env over it, checked (ConfigError naming the host)."""
+    given = (getattr(host, "vars", {}) or {}).get("umprov_env") or {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{host.name}: umprov_env must be a mapping of names to values")
+    env = {**given, **opts.env}
+    problem = env_problem(env, managed)
+    if problem:
+        raise ConfigError(f"{host.name}: {problem}")
+    return checked_env(env)
 
 
 def network_exposure(hosts: list[HostLike], opts: DeployOptions) -> list[str]:

@@ -24,6 +24,10 @@ def new_outcome(host: str) -> HostOutcome:
         "push_stream_seconds": 0.0,
         "skipped_bytes": 0,  # layer files left out of the push: the host already had them
         "seconds": 0.0,
+        "managed_memory": None,  # asked for (settings); None: the host got no settings
+        "managed_memory_pool": None,  # the image's label: carries the pool; None: says nothing
+        "changed": [],  # a replacement: the settings that changed, in words
+        "warnings": [],  # for people, the host deployed all the same
     })
 
 
@@ -38,6 +42,7 @@ HOST_FIELDS: list[render.Field] = [
     ("push_stream_seconds", render.datum("push_stream_seconds", 2)),
     ("skipped_bytes", render.datum("skipped_bytes")),
     ("seconds", render.datum("seconds", 2)),
+    *render.data_fields("managed_memory", "managed_memory_pool", "changed", "warnings"),
 ]
 
 

@@ -21,10 +21,13 @@ from umprov.deploy.options import DeployOptions, HostSettings
 from umprov.deploy.spec import (
     HASH_LABEL,
     LABEL,
+    POOL_LABEL,
     TOKEN_PATH,
+    changed_settings,
     container_spec,
     create_kwargs,
     labels_for,
+    pool_warning,
     token_tar,
 )
 from umprov.deploy.state import (
@@ -71,6 +74,7 @@ def rollout(
     labels = labels_for(spec, settings.image)
     image = client.images.get(image_id)
     login_user = (image.labels or {}).get("org.umprov.user") or "umprov"
+    _managed_memory(image.labels or {}, settings, outcome)
     old, aside = _current(client, host, settings, progress)
     checkpoint(cancel)
     token: str | None = None
@@ -89,6 +93,8 @@ def rollout(
             outcome.state = "unchanged"
     else:
         token = secrets.token_urlsafe(32)
+        if old is not None:
+            _say_why(old, labels, opts, outcome)
         container = _replace(client, host, old, spec, labels, token, settings, progress, cancel)
         outcome.state = "replaced" if old is not None else "created"
     for stale in aside:  # left by an interrupted run; the container is in place now
@@ -111,6 +117,33 @@ def rollout(
         jupyter=f"{conn['address']}:{settings.jupyter_port}"
         + (f" (on {host.name})" if conn["via_host"] else ""),
     )
+
+
+def _managed_memory(image_labels: Mapping[str, str], settings: HostSettings,
+                    outcome: HostOutcome) -> None:
+    """Whether the pool is asked for and whether the image carries it; a warning when it is
+    asked for and the image does not say it has it."""
+    held = image_labels.get(POOL_LABEL)
+    outcome.data.update(managed_memory=settings.managed_memory,
+                        managed_memory_pool={"1": True, "0": False}.get(held or ""))
+    warning = pool_warning(image_labels, settings.image) if settings.managed_memory else None
+    if warning:
+        outcome.data["warnings"].append(warning)
+
+
+def _say_why(old: Any, labels: Mapping[str, str], opts: DeployOptions,
+             outcome: HostOutcome) -> None:
+    """Which settings the replacement changes, into the outcome (``changed``, the message)."""
+    if old.labels.get(HASH_LABEL) != labels[HASH_LABEL]:
+        changed = changed_settings(old.labels, labels)
+    else:
+        changed = ["--force" if opts.force else "the old container was never started"]
+    outcome.data["changed"] = changed
+    _note(outcome, f"replaced: {', '.join(changed)}")
+
+
+def _note(outcome: HostOutcome, text: str) -> None:
+    outcome.detail = "; ".join(part for part in (outcome.detail, text) if part)
 
 
 def _current(
@@ -275,8 +308,9 @@ def _pin_host_key(
     before = pinned_keys(patterns[0])
     pin_host_key(patterns, key_line)
     if before and " ".join(key_line.split()[:2]) not in before:
-        outcome.detail = "the container's SSH host key changed: pinned the new one"
-        progress(host.name, outcome.detail)
+        message = "the container's SSH host key changed: pinned the new one"
+        _note(outcome, message)
+        progress(host.name, message)
 
 
 def _store_token(host_name: str, token: str | None, own_token: str | None) -> None:

@@ -40,6 +40,17 @@ def ok(o: HostOutcome) -> bool:
     return o.ok
 
 
+def managed_memory(o: HostOutcome) -> str:
+    """deploy's and status's cell for the managed-memory pool: on, off, or on in an image
+    that does not carry the pool (its label says 0, or nothing)."""
+    on = o.data.get("managed_memory")
+    if on is None:
+        return ""
+    if not on:
+        return "off"
+    return "on" if o.data.get("managed_memory_pool") else "on (image has no pool)"
+
+
 def datum(key: str, ndigits: int | None = None) -> Getter:
     """``data[key]`` (ABSENT when the host has none), floats rounded to ``ndigits``."""
 

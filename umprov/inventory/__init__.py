@@ -13,6 +13,7 @@ types of umprov's and the roles' variables (argument_specs) and their value rule
     ansible_io.py  Ansible's InventoryManager, VariableManager, Templar; errors naming files
     specs.py       variable definitions and types (UMPROV_VARIABLES + argument_specs)
     rules.py       value rules (roles/gpu_preflight/files/value_rules.yml), shared with the play
+    container_env.py  the container's environment (umprov_env, deploy --env): its rules
     validate.py    one Ansible host -> one checked Host; every problem listed at once
     origins.py     where a variable was set (file:line), a bool's too
 """

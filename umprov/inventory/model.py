@@ -9,6 +9,8 @@ from typing import Any
 from umprov.errors import InventoryError
 from umprov.inventory.vault import Vault
 
+HIDDEN = "<hidden>"  # a value umprov does not print
+
 
 @dataclass(frozen=True)
 class Host:
@@ -29,9 +31,13 @@ class Host:
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The host as JSON-able data; the container environment's values hidden (they may
+        be secrets: `umprov inventory check --json` prints this)."""
         data = asdict(self)
         data["groups"] = list(self.groups)
         data["vars"] = dict(self.vars)
+        if isinstance(self.vars.get("umprov_env"), Mapping):
+            data["vars"]["umprov_env"] = dict.fromkeys(self.vars["umprov_env"], HIDDEN)
         return data
 
 

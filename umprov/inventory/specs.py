@@ -36,6 +36,11 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
         "PyTorch in the container allocates CUDA managed memory (docs/managed-memory.md); "
         "default false",
     ),
+    "umprov_env": (
+        "dict",
+        "more environment for the container, NAME: value (docs/deploy-variables.md); its "
+        "values may be secrets (vault them): umprov never prints one",
+    ),
     "umprov_container_limits": (
         "bool",
         "raise the memlock and stack limits NCCL wants in umprov's containers (default true; "

@@ -14,11 +14,13 @@ from typing import Any, TypeVar
 
 from umprov.errors import InventoryError
 from umprov.inventory.ansible_io import Parsed, first_line
+from umprov.inventory.container_env import env_problem
 from umprov.inventory.model import Host
 from umprov.inventory.origins import variable_origin
 from umprov.inventory.rules import ValueRules, did_you_mean
 from umprov.inventory.specs import (
     VarSpec,
+    flag,
     is_ascii_number,
     plain,
     short,
@@ -255,7 +257,19 @@ def _checked(hv: HostVars, key: str, checks: Checks) -> Any:
     if problem:
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' is "
                              f"{short(value)!r}, {problem}{templ}")
+    problem = _container_env_problem(hv, key, value)
+    if problem:  # never the value itself: it may hold secrets
+        raise InventoryError(f"{where}: variable '{key}' on host '{name}': {problem}{templ}")
     return plain(value)
+
+
+def _container_env_problem(hv: HostVars, key: str, value: Any) -> str | None:
+    """umprov_env against the container environment's rules, with the host's
+    umprov_managed_memory (umprov/inventory/container_env.py)."""
+    if key != "umprov_env":
+        return None
+    managed = hv.value("umprov_managed_memory", strict=False)
+    return env_problem(plain(value), managed is not _UNRESOLVED and flag(plain(managed), False))
 
 
 def duplicates(hosts: Iterable[Host], where: str) -> list[str]:
