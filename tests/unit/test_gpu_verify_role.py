@@ -6,6 +6,7 @@ Python, which has no GPU)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,8 +109,31 @@ def test_a_missing_container_is_named(tmp_path):
     docker.write_text("#!/bin/sh\necho \"Error response from daemon: No such container: $2\" >&2\n"
                       "exit 1\n")
     docker.chmod(0o755)
-    result = run_module(tmp_path, agent="/x/agent.pyz", container="gone", docker=str(docker))
+    agent = tmp_path / "agent.pyz"
+    agent.write_bytes(b"")
+    result = run_module(tmp_path, agent=str(agent), container="gone", docker=str(docker))
     assert result["failed"] and "No such container: gone" in result["msg"]
+
+
+def test_a_missing_agent_names_the_role_that_delivers_it(tmp_path):
+    result = run_module(tmp_path, agent=str(tmp_path / "agent.pyz"), container="")
+    assert result["failed"] and "lstat" not in result["msg"]
+    assert result["msg"].startswith(f"no verifier agent at {tmp_path / 'agent.pyz'} on this host")
+    assert "umprov.gpu.gpu_agent role" in result["msg"]
+
+
+def test_the_module_docs_list_the_agent_options_for_a_check_run(capsys):
+    """The options of the agent's --help before its scheduler's, less the two the module
+    passes itself, are each named in the docs of the module's args."""
+    from umprov.verify.agent.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    options = set(re.findall(r"^  (--[\w-]+)", capsys.readouterr().out.split("scheduler:")[0],
+                             re.M)) - {"--help", "--json", "--quiet", "--list-profiles"}
+    docs = yaml.safe_load(MODULE.read_text().split('DOCUMENTATION = r"""')[1].split('"""')[0])
+    described = " ".join(docs["options"]["args"]["description"])
+    assert len(options) >= 8 and all(f"C({o}" in described for o in options), options
 
 
 def test_the_agent_on_a_host_without_gpus_reports_a_failing_check(tmp_path):

@@ -22,7 +22,11 @@ version_added: "0.1.0"
 author: umprov contributors (@umprov)
 options:
   agent:
-    description: Path on the target of the agent zipapp (C(agent.pyz)).
+    description:
+      - Path on the target of the agent zipapp (C(agent.pyz)). The C(umprov.gpu.gpu_agent) role
+        finds it on the controller (the collection ships it in that role's C(files/)) and the
+        C(umprov.gpu.gpu_verify) role copies it here before it calls this module; used alone,
+        copy it first (see EXAMPLES).
     type: path
     required: true
   container:
@@ -37,8 +41,18 @@ options:
     default: /usr/bin/python3
   args:
     description:
-      - Options for the agent, as C(umprov verify) passes them, for example C(--quick),
-        C(--expected-gpus 8), C(--profile h200), C(--exclusive).
+      - Options for the agent, as C(umprov verify) passes them, each word an element.
+      - C(--quick) runs the fast subset (seconds); C(--passive) only reads (GPU count, driver,
+        ECC and row remapping, clock slowdowns, Xids, NVLink links; no torch, safe beside a
+        running job).
+      - C(--expected-gpus N) fails with fewer GPUs than N; C(--profile NAME) uses this GPU
+        profile instead of detecting one; C(--profile-file F) reads profile overrides (JSON or
+        YAML) from F, a path where the agent runs (in the container when I(container) is set).
+      - C(--timeout S) gives each check S seconds (default 120; keep I(timeout) above about
+        three times it); C(--duration T) loads every GPU at once for T (V(90s), V(10m), V(1h))
+        after the checks (burn-in); C(--exclusive) fails, not warns, when another process uses
+        a GPU.
+      - The module passes C(--quiet) and C(--json) itself.
     type: list
     elements: str
     default: []
@@ -57,10 +71,21 @@ options:
     type: str
     default: ""
 notes:
-  - The verdicts, checks and hints are those of C(umprov verify); see docs/verify-checks.md.
+  - The verdicts, checks and hints are those of C(umprov verify); see C(docs/verify-checks.md)
+    (in the collection and in umprov's repository).
 """
 
 EXAMPLES = r"""
+- name: Find the agent on the controller (sets gpu_agent_path)
+  ansible.builtin.include_role:
+    name: umprov.gpu.gpu_agent
+
+- name: Copy the agent to the host
+  ansible.builtin.copy:
+    src: "{{ gpu_agent_path }}"
+    dest: /var/tmp/umprov/agent.pyz
+    mode: "0644"
+
 - name: Verify the GPUs in the deployed container
   umprov.gpu.gpu_verify:
     agent: /var/tmp/umprov/agent.pyz
@@ -104,6 +129,7 @@ exit_code:
 """
 
 import json
+import os
 import secrets
 import shlex
 
@@ -111,6 +137,11 @@ from ansible.module_utils.basic import AnsibleModule
 
 RUN_MARK = "UMPROV_VERIFY_RUN"
 AGENT_NAME = "agent.pyz"
+MISSING_AGENT = (
+    "no verifier agent at %s on this host: the umprov.gpu.gpu_agent role finds it on the "
+    "controller (the collection ships it) and the umprov.gpu.gpu_verify role copies it here; "
+    "run that role, or copy the gpu_agent role's files/agent.pyz to this path first"
+)
 
 
 def run_script(run_id, workdir, python, args, timeout):
@@ -173,6 +204,8 @@ class Runner:
 
 def verify(module):
     params = module.params
+    if not os.path.isfile(params["agent"]):
+        module.fail_json(msg=MISSING_AGENT % params["agent"])
     runner = Runner(module)
     run_id = secrets.token_hex(4)
     workdir = "/tmp/umprov-verify-%s" % run_id  # noqa: S108 (the target's, removed after)
