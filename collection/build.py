@@ -5,8 +5,10 @@
 Stages ansible_collections/umprov/gpu/ under build/: galaxy.yml with umprov's version, the
 roles (each role's library/ modules become the collection's plugins/modules/, since roles in a
 collection carry no plugins), the playbooks, and the verifier agent zipapp in the gpu_agent
-role's files/, so that the collection runs without umprov installed (AWX). Then
-`ansible-galaxy collection build`. Prints the tarball's path.
+role's files/, so that the collection runs without umprov installed (AWX), and the pages of the
+repository's docs/ that the roles, modules and playbooks cite (docs/NAME.md) in its docs/, so
+that every citation resolves in the tarball too. Then `ansible-galaxy collection build`. Prints
+the tarball's path.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "collection"
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+CITED = re.compile(r"\bdocs/([\w-]+\.md)\b")
 
 
 def version() -> str:
@@ -55,7 +58,24 @@ def stage(build_dir: Path) -> Path:
         for module in sorted((role / "library").glob("*.py")):
             shutil.copy2(module, modules / module.name)
     ship_agent(target / "roles" / "gpu_agent" / "files")
+    ship_docs(target)
     return target
+
+
+def ship_docs(target: Path) -> None:
+    """The docs/ pages that the staged collection's files cite, and the pages those cite, copied
+    to its docs/."""
+    (target / "docs").mkdir()
+    files = [p for p in target.rglob("*") if p.is_file() and p.suffix != ".pyz"]
+    while files:
+        cited = {name for path in files for name in CITED.findall(path.read_text(errors="replace"))}
+        files = []
+        for name in sorted(cited):
+            source, dest = ROOT / "docs" / name, target / "docs" / name
+            if not source.is_file():
+                raise SystemExit(f"collection/build.py: docs/{name} is cited but does not exist")
+            if not dest.exists():
+                files.append(Path(shutil.copy2(source, dest)))
 
 
 # The ansible-core versions the collection supports (meta/runtime.yml, pyproject.toml).

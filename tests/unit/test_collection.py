@@ -4,7 +4,9 @@ modules, each documented), and clean under ansible-test sanity."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -55,6 +57,18 @@ def test_the_tarball_carries_the_roles_modules_playbooks_and_the_agent(collectio
     assert {f"playbooks/{p}.yml" for p in PLAYBOOKS} <= names
     assert "roles/gpu_agent/files/agent.pyz" in names
     assert "meta/runtime.yml" in names
+
+
+def test_every_page_the_collection_cites_ships_in_it_and_no_address_is_made_up(collection):
+    tarball, _env = collection
+    with tarfile.open(tarball) as tar:
+        names = set(tar.getnames())
+        texts = [tar.extractfile(m).read().decode(errors="replace") for m in tar.getmembers()
+                 if m.isfile() and not m.name.endswith(".pyz")]
+        manifest = json.loads(tar.extractfile("MANIFEST.json").read())
+    cited = {c for text in texts for c in re.findall(r"\bdocs/[\w-]+\.md\b", text)}
+    assert {"docs/roles.md", "docs/verify-checks.md"} <= cited <= names
+    assert "example" not in json.dumps(manifest["collection_info"])
 
 
 def test_every_module_and_role_is_documented(collection, tmp_path):
