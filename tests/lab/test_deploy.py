@@ -237,6 +237,45 @@ def test_changed_port_replaces_and_pins_again(first_deploy: dict[str, Any]) -> N
     assert hosts[name]["status"] == "replaced"
 
 
+def test_ssh_logins_get_the_pool_switch_and_the_given_environment(
+    first_deploy: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After deploy --managed-memory --env, an SSH login into the container (a command, and a
+    login shell, whose /etc/profile resets PATH) reads what docker exec reads: the switch, the
+    pool's settings, a value with spaces, quotes, a backslash and $ taken from umprov's own
+    environment, and the image's venv first on PATH. The lab's image lacks the pool: deploy
+    says so. No value reaches the output or the container's labels; switching back says why."""
+    name, port = LAB["names"][0], LAB["hosts"][0]["port"]
+    secret = "two words \"quoted\" \\ and $HOME 'single'"
+    monkeypatch.setenv("UMPROV_TEST_SECRET", secret)
+    result, hosts = deploy("--limit", name, "--managed-memory", "--env",
+                           "UMPROV_MANAGED_RESERVE=2g", "--env", "UMPROV_TEST_SECRET")
+    assert result.exit_code == 0, result.stderr
+    host = hosts[name]
+    assert host["status"] == "replaced", host
+    assert host["changed"] == ["managed memory on", "env UMPROV_MANAGED_RESERVE added",
+                               "env UMPROV_TEST_SECRET added"]
+    assert host["managed_memory"] is True and host["managed_memory_pool"] is False
+    assert "was built without it" in host["warnings"][0]
+    names = "UMPROV_MANAGED_MEMORY UMPROV_MANAGED_RESERVE UMPROV_TEST_SECRET"
+    for command in (f"printenv {names}; command -v python",
+                    f"bash -lc 'printenv {names}; command -v python'"):
+        done = container_ssh(name, command)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["1", "2g", secret, "/opt/umprov-venv/bin/python"]
+    labels = ssh(LAB["key"], LAB["known_hosts"], port,
+                 "docker inspect -f '{{json .Config.Labels}}' umprov")
+    assert labels.returncode == 0 and "org.umprov.spec-parts" in labels.stdout
+    status = cli("status", str(LAB["inventory"]), "--limit", name, "--json")
+    (row,) = json.loads(status.stdout)["hosts"]
+    assert row["managed_memory"] is True and row["managed_memory_pool"] is False
+    for text in (result.stdout, result.stderr, labels.stdout, status.stdout, status.stderr):
+        assert "quoted" not in text
+    result, hosts = deploy("--limit", name)
+    assert hosts[name]["status"] == "replaced" and hosts[name]["managed_memory"] is False
+    assert "managed memory off" in hosts[name]["message"]
+
+
 def test_unknown_host_key_refused(first_deploy: dict[str, Any], tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "known_hosts"
