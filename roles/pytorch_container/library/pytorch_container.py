@@ -18,8 +18,9 @@ description:
   - Runs on the controller (a task delegated to localhost) with a Python that has the umprov
     package (the one that runs ansible-playbook, when umprov was installed with pipx).
   - The host's own settings (C(umprov_gpus), C(umprov_ssh_port), C(umprov_jupyter_port),
-    C(umprov_bind), C(umprov_container_name), C(umprov_image), C(umprov_container_limits))
-    come in I(variables), as umprov reads them from the inventory.
+    C(umprov_bind), C(umprov_container_name), C(umprov_image), C(umprov_container_limits),
+    C(umprov_managed_memory), C(umprov_env); docs/deploy-variables.md) come in I(variables), as
+    umprov reads them from the inventory.
   - Not run in check mode.
 version_added: "0.1.0"
 author: umprov contributors (@umprov)
@@ -172,6 +173,8 @@ def main():
     except UmprovError as exc:
         module.fail_json(msg=str(exc))
     data = outcome.data
+    for warning in data.get("warnings") or []:  # e.g. managed memory on an image without it
+        module.warn(warning)
     result = {key: data.get(key) for key in ("container_id", "image_id", "ssh", "jupyter",
                                              "pushed_bytes")}
     if not outcome.ok:
