@@ -150,4 +150,4 @@ bench: venv
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(BUILD_DIR) .pytest_cache .ruff_cache *.egg-info
