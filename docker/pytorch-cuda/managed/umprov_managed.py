@@ -127,22 +127,35 @@ def enable(budget: int | None = None, reserve: int | None = None) -> None:
     if torch.cuda.is_initialized():
         _start(torch)
     else:
-        torch.cuda._lazy_call(lambda: _start(torch))
+        torch.cuda._lazy_call(lambda: _start_or_say(torch))
+
+
+def _start_or_say(torch: Any) -> None:
+    """At CUDA's start (torch's lazy init), where an error would end the user's job: say why
+    in one line and leave PyTorch as it is."""
+    try:
+        _start(torch)
+    except Exception as exc:  # noqa: BLE001 - torch works on; say why it is not managed
+        for device in list(_state.get("routed", ())):
+            _unroute(torch, device)
+        _state.clear()
+        print(f"umprov managed memory: not enabled: {exc}", file=sys.stderr)
 
 
 def _start(torch: Any) -> None:
-    """At CUDA's start (torch's lazy init): the library, its allocator, every device routed."""
+    """The library, its allocator, every device routed, the optimizer's host step."""
     with _lock:
         if "allocator" in _state:
             return
-        _state["library"] = _library(_state["budget"], _state["reserve"])
-        _state["allocator"] = torch.cuda.memory.CUDAPluggableAllocator(
+        library = _library(_state["budget"], _state["reserve"])
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
             str(LIBRARY), "umprov_um_malloc", "umprov_um_free")
+        from umprov_managed_step import install  # the optimizer's step where its state lives
+
+        _state.update(library=library, allocator=allocator)
         for device in range(torch.cuda.device_count()):
             _route(torch, device)
-    from umprov_managed_step import install  # the optimizer step where its state lives
-
-    install(_state["library"])
+        install(library)
 
 
 def _route(torch: Any, device: int) -> None:

@@ -30,6 +30,11 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+from torch.optim.optimizer import (
+    _get_fused_kernels_supported_devices,
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 KINDS = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
 CHUNK = 256 << 20  # bytes of parameters a chunk: big enough for the CPU's threads and the bus
@@ -43,8 +48,8 @@ def install(library: Any) -> None:
     if _lib is not None or os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto") == "0":
         return
     _lib = library
-    torch.optim.optimizer.register_optimizer_step_pre_hook(_before_step)
-    torch.optim.optimizer.register_optimizer_step_post_hook(_after_step)
+    register_optimizer_step_pre_hook(_before_step)
+    register_optimizer_step_post_hook(_after_step)
 
 
 def _on_device(tensor: torch.Tensor) -> int:
@@ -109,7 +114,7 @@ class HostStep:
         self.slots: list[torch.Tensor] = []
         self.down, self.up = torch.cuda.Stream(), torch.cuda.Stream()  # both ways at once
         self.uploaded: torch.cuda.Event | None = None
-        self.fused = "cpu" in torch.optim.optimizer._get_fused_kernels_supported_devices()
+        self.fused = "cpu" in _get_fused_kernels_supported_devices()
 
     def step(self) -> None:
         params = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
