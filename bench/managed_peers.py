@@ -70,21 +70,24 @@ def child(run: dict) -> dict:
         opt = optimizer(torch, model, run)
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(2, 512, 4096, generator=gen).to(dev)
-        times, losses = [], []
+        times, losses, phases = [], [], []
         for _ in range(run["steps"]):
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            marks = [time.perf_counter()]
             with torch.autocast("cuda", torch.bfloat16, enabled=run["dtype"] == "bf16"):
                 loss = model(x).float().square().mean()
+            marks.append(_synced(torch))
             loss.backward()
+            marks.append(_synced(torch))
             opt.step()
             opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            marks.append(_synced(torch))
+            times.append(marks[-1] - marks[0])
+            phases.append([round(b - a, 4) for a, b in zip(marks, marks[1:], strict=False)])
             losses.append(float(loss))
     except torch.OutOfMemoryError as exc:
         return {"oom": str(exc).splitlines()[0][:160]}
-    out = {"step_s": times, "losses": losses,
+    out = {"step_s": times, "losses": losses, "phases_fwd_bwd_step": phases,
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
            "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
@@ -94,6 +97,11 @@ def child(run: dict) -> dict:
         out["pool"] = umprov_managed.stats()
         out["host_step"] = "_umprov_host" in opt.__dict__
     return out
+
+
+def _synced(torch) -> float:  # noqa: ANN001 - the child's torch
+    torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def optimizer(torch, model, run: dict):  # noqa: ANN001, ANN201 - torch is the child's

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,36 @@ def test_an_image_without_umprov_managed_skips_saying_why(tmp_path, monkeypatch)
     oversub.child_oversub(em, {"lock": str(tmp_path / "hostlink.lock")}, 0)
     (rec, done) = em.records
     assert rec["verdict"] == "skip" and "umprov_managed" in rec["detail"] and done == "done"
+
+
+def test_a_container_whose_allocator_setting_leaves_the_pool_off_warns(tmp_path, monkeypatch):
+    """PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync leaves the pool off for every job of the
+    container: the check says so (warn, naming the setting) and never enables the pool."""
+    pytest.importorskip("torch")
+    enabled = []
+    fake = types.SimpleNamespace(
+        async_backend=lambda: "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync",
+        enable=lambda **kw: enabled.append(kw))
+    monkeypatch.setitem(sys.modules, "umprov_managed", fake)
+
+    class Em:
+        def __init__(self) -> None:
+            self.records: list = []
+
+        def start(self, *a):
+            pass
+
+        def event(self, *a, **kw):
+            pass
+
+        def record(self, rec):
+            self.records.append(rec)
+
+        def done(self):
+            self.records.append("done")
+
+    em = Em()
+    oversub.child_oversub(em, {"lock": str(tmp_path / "hostlink.lock")}, 0)
+    (rec, done) = em.records
+    assert rec["verdict"] == "warn" and "cudaMallocAsync" in rec["detail"], rec
+    assert done == "done" and enabled == []

@@ -92,6 +92,17 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     wait_for_gate(em, opts.get("cuda_gate"))
     em.event("mark", what="cuda init")
     budget = int(opts.get("oversub_budget_mib") or BUDGET // MiB) * MiB
+    setting = getattr(umprov_managed, "async_backend", lambda: None)()
+    if setting:  # the pool's one guard worth checking on every host: jobs here run without it
+        em.record(record("gpu", target, CHECK, "warn", hint="investigate", detail=(
+            f"{setting} in this container leaves umprov's managed-memory pool off (CUDA's own "
+            "pool allocator takes no memory pool): jobs here meet out-of-memory where the "
+            "pool would run them; unset it, or leave the pool off")))
+        em.done()
+        return
+    # the GPU's kernels over spilled memory, the path this check times against PCIe: the
+    # optimizer's host step (umprov_managed_step) is the CPU's and bench/managed_peers.py's
+    os.environ["UMPROV_MANAGED_HOST_STEP"] = "0"
     umprov_managed.enable(budget=budget, reserve=0)
     torch.cuda.set_device(dev)
     torch.cuda.init()
