@@ -5,7 +5,8 @@ umprov.gpu collection, built here, into a temporary collections path. From a tem
 (no ansible.cfg, no playbooks/, its own state folder) the installed umprov provisions, deploys,
 verifies and reports on a lab host; then plain ansible-playbook runs the collection's site
 (nothing left to change after umprov's run), deploy (umprov's deploy library: the same spec,
-nothing changed) and verify (the host fails in Ansible's recap, the no-GPU check named) playbooks, and the next `umprov report` files that run into the history.
+nothing changed) and verify (the host fails in Ansible's recap, the no-GPU check named) playbooks, and the next `umprov report` files that run into the history. Last, an AWX project
+runs the verify playbook as AWX does (project sync's install, then ansible-runner).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,7 +55,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                    str(collections), built.stdout.strip().splitlines()[-1]])
     assert galaxy.returncode == 0, galaxy.stdout + galaxy.stderr
     return {"bin": venv / "bin", "collections": collections, "work": tmp / "work",
-            "state": tmp / "state"}
+            "state": tmp / "state", "tarball": Path(built.stdout.strip().splitlines()[-1])}
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +78,22 @@ def user(installed: dict[str, Path]) -> Any:
     venv first on PATH, umprov's state in a folder of its own, the collection installed."""
     work = installed["work"]
     work.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("UMPROV_", "ANSIBLE_", "PYTHON", "VIRTUAL_ENV"))}
-    env.update(PATH=f"{installed['bin']}:{env.get('PATH', '/usr/bin:/bin')}",
-               UMPROV_STATE_DIR=str(installed["state"]),
-               ANSIBLE_COLLECTIONS_PATH=str(installed["collections"]))
+    env = user_env(installed, ANSIBLE_COLLECTIONS_PATH=str(installed["collections"]))
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return _run(list(argv), cwd=work, env=env)
 
     return run
+
+
+def user_env(installed: dict[str, Path], **more: str) -> dict[str, str]:
+    """This process's environment less umprov's, Ansible's and Python's settings, the venv
+    first on PATH, umprov's state in a folder of its own."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("UMPROV_", "ANSIBLE_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update({"PATH": f"{installed['bin']}:{env.get('PATH', '/usr/bin:/bin')}",
+                "UMPROV_STATE_DIR": str(installed["state"]), **more})
+    return env
 
 
 def test_the_installed_umprov_reads_its_own_files_and_writes_none_into_them(installed, user):
@@ -158,3 +166,37 @@ def test_the_flow_and_the_collections_playbooks_against_a_lab(lab, user, install
     filed = user("umprov", "report", inventory, "--json")
     assert "filed 1 report(s)" in filed.stderr, filed.stderr
     assert not list((installed["state"] / "verify-inbox").glob("*.json"))
+
+
+def test_an_awx_project_verifies_as_an_awx_job_does(lab, installed, tmp_path):
+    """collection/README.md's AWX set-up: a project whose collections/requirements.yml names the
+    tarball from the project's root, installed as a project sync installs it, then the job as AWX
+    runs it: ansible-runner, a private data dir, the one-line playbook, the collection found in
+    the project only. The host fails (no GPU), the check named in the events; its report comes
+    back in the job's artifacts (the execution environment's files are thrown away)."""
+    data_dir = tmp_path / "awx"
+    project = data_dir / "project"
+    (project / "collections").mkdir(parents=True)
+    shutil.copy2(installed["tarball"], project / "collections")
+    (project / "collections" / "requirements.yml").write_text(
+        f"collections:\n  - name: collections/{installed['tarball'].name}\n    type: file\n")
+    (project / "verify.yml").write_text(
+        "---\n- ansible.builtin.import_playbook: umprov.gpu.verify\n")
+    env = user_env(installed, ANSIBLE_COLLECTIONS_PATH=str(tmp_path / "none"),
+                   UMPROV_STATE_DIR=str(tmp_path / "ee-state"))
+    synced = _run([str(installed["bin"] / "ansible-galaxy"), "collection", "install", "-r",
+                   "collections/requirements.yml", "-p", "collections"], cwd=project, env=env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+
+    job = _run([str(installed["bin"] / "ansible-runner"), "run", str(data_dir), "-p",
+                "verify.yml", "--inventory", lab["inventory"], "--ident", "job", "-j"],
+               cwd=tmp_path, env=env)
+    artifacts = data_dir / "artifacts" / "job"
+    assert job.returncode == 2, job.stdout[-3000:] + job.stderr[-2000:]
+    assert (artifacts / "status").read_text() == "failed"
+    events = [json.loads(p.read_text()) for p in (artifacts / "job_events").glob("*.json")]
+    failed = [e["event_data"]["res"]["msg"] for e in events if e["event"] == "runner_on_failed"]
+    assert len(failed) == 1 and re.match(r"GPU verification fail: \w+\.\w+ on ", failed[0]), failed
+    (stats,) = [e["event_data"] for e in events if e["event"] == "playbook_on_stats"]
+    (report,) = stats["artifact_data"]["gpu_verify_reports"].values()
+    assert report["schema"] == "umprov.verify.host" and report["verdict"] == "fail"
