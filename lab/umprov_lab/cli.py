@@ -56,6 +56,8 @@ def up(count: int, name: str, registry: bool, slurm: bool, base: str | None,
         print_table(f"lab '{name}'", ["host", "container", "ssh", "state"], rows)
         say(f"inventory: {result.inventory}")
         say(f"known_hosts: {result.known_hosts}")
+        say(f"key: {result.key_file} (and .pub: the inventory's umprov_authorized_key, "
+            "the key deploy lets into the lab's containers)")
         if result.registry:
             reg = result.registry
             say(f"registry: hosts pull from {reg.address}; push from here to {reg.local} "
@@ -150,7 +152,7 @@ def image(tag: str | None, torch_wheel: str | None, as_json: bool) -> int:
     \b
     Example:
       umprov lab image
-      umprov deploy lab/default --push --authorized-key .lab/default/id_ed25519.pub
+      umprov deploy lab/default --push    # the lab's key logs in (umprov_authorized_key)
     """
     from umprov_lab import image as image_mod
     from umprov_lab.engine import docker_engine

@@ -86,6 +86,8 @@ def render_inventory(
                 f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
             ),
             "umprov_known_hosts": str(known_hosts),
+            # The lab's own key logs in to the containers deploy runs there too.
+            "umprov_authorized_key": str(key_file.with_suffix(".pub")),
             # Lab hosts lack CAP_SYS_RESOURCE: containers there keep the default ulimits.
             "umprov_container_limits": False,
             "umprov_gpus": "none",

@@ -27,6 +27,12 @@ def test_lab_hosts_get_no_container_limits_and_the_lab_image(tmp_path: Path) -> 
     assert group_vars["umprov_known_hosts"] == str(tmp_path / "kh")
 
 
+def test_lab_hosts_name_the_labs_key_as_the_containers_login(tmp_path: Path) -> None:
+    """deploy lets the lab's own key into the containers there, with no key in ~/.ssh and no
+    --authorized-key (a pipx install): an ordinary variable deploy reads for any host."""
+    assert _group_vars(tmp_path)["umprov_authorized_key"] == str(tmp_path / "key.pub")
+
+
 def test_every_umprov_variable_the_lab_sets_is_documented(tmp_path: Path) -> None:
     ours = [name for name in _group_vars(tmp_path) if name.startswith("umprov_")]
     assert ours and all(name in UMPROV_VARIABLES for name in ours), ours

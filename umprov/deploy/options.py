@@ -11,6 +11,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ def default_public_key() -> Path:
             return path
     raise ConfigError(
         "no public key found in ~/.ssh (id_ed25519.pub, id_ecdsa.pub, id_rsa.pub): "
-        "pass --authorized-key FILE"
+        "pass --authorized-key FILE, or set the hosts' umprov_authorized_key"
     )
 
 
@@ -185,8 +186,8 @@ def parse_env(items: Iterable[str], environ: Mapping[str, str]) -> dict[str, str
 
 def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
     """The command line's options, checked before any host is touched, with the public key
-    read from ``authorized_key`` (default: the user's own) and, when it lies beside it, its
-    private half for the ssh config deploy writes."""
+    read from ``authorized_key`` when given and, when it lies beside it, its private half for
+    the ssh config deploy writes (not given: each host's own, ``for_host``)."""
     if opts.image is not None:
         check_image(opts.image)
     if opts.gpus is not None:
@@ -203,12 +204,43 @@ def checked(opts: DeployOptions, authorized_key: Path | None) -> DeployOptions:
     problem = env_problem(opts.env, managed=bool(opts.managed_memory))
     if problem:
         raise ConfigError(f"--env: {problem}")
-    # Absolute before it is stored: the ssh config deploy writes names the private half, and
-    # `ssh` from another folder must find it.
-    key_path = (authorized_key or default_public_key()).expanduser().absolute()
-    keys = check_public_key(key_path.read_text(errors="replace"), str(key_path))
+    if authorized_key is None:
+        return opts  # each host's umprov_authorized_key, else the user's own (for_host)
+    keys, identity = read_public_key(authorized_key, "--authorized-key")
+    return replace(opts, authorized_keys=keys, identity_file=identity)
+
+
+def read_public_key(path: Path, source: str) -> tuple[str, str | None]:
+    """The public key in ``path`` and, when it lies beside it, its private half. Absolute
+    before it is stored: the ssh config deploy writes names the private half, and `ssh` from
+    another folder must find it."""
+    key_path = path.expanduser().absolute()
+    return _read_public_key(key_path, source)
+
+
+@cache
+def _read_public_key(key_path: Path, source: str) -> tuple[str, str | None]:
+    try:
+        text = key_path.read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{source} {key_path}: {exc.strerror or exc}") from None
+    keys = check_public_key(text, str(key_path))
     private = key_path.with_suffix("") if key_path.suffix == ".pub" else None
-    identity = str(private) if private and private.is_file() else None
+    return keys, str(private) if private and private.is_file() else None
+
+
+def for_host(host: HostLike, opts: DeployOptions) -> DeployOptions:
+    """``opts`` with the public key allowed into ``host``'s container: --authorized-key, else
+    the host's umprov_authorized_key (a lab's inventory names the lab's key), else the user's
+    own in ~/.ssh. A missing or bad key is a ConfigError naming where it was asked for."""
+    if opts.authorized_keys:
+        return opts
+    given = (getattr(host, "vars", {}) or {}).get("umprov_authorized_key")
+    if given:
+        keys, identity = read_public_key(Path(str(given)),
+                                         f"{host.name}: umprov_authorized_key")
+    else:
+        keys, identity = read_public_key(default_public_key(), "~/.ssh")
     return replace(opts, authorized_keys=keys, identity_file=identity)
 
 
@@ -292,3 +324,4 @@ def settings_for_all(hosts: list[HostLike], opts: DeployOptions) -> None:
     a host's variable) stops the run with exit 4 instead of failing hosts one by one."""
     for host in hosts:
         settings_for(host, opts)
+        for_host(host, opts)

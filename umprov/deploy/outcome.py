@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from umprov.deploy.options import HostSettings
+from umprov.deploy.options import DeployOptions, HostSettings
 from umprov.errors import DeployFailed, TrustError, UmprovError, Unreachable
 from umprov.hosts import HostLike, render
 from umprov.hosts.engine import connection_lost, engine_error
@@ -51,6 +51,7 @@ class HostState:
     host: HostLike
     outcome: HostOutcome
     settings: HostSettings | None = None
+    opts: DeployOptions | None = None  # the command's options with this host's login key
     client: Any = None  # the docker client over SSH, once connected
     image_id: str | None = None  # the image on the host, once there
     started: float = field(default_factory=time.monotonic)

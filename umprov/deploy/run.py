@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from umprov.deploy.options import DeployOptions, settings_for
+from umprov.deploy.options import DeployOptions, for_host, settings_for
 from umprov.deploy.outcome import HostState, new_outcome
 from umprov.deploy.pull import pull_image
 from umprov.deploy.push import push_image
@@ -46,7 +46,8 @@ def deploy(
     for st in states:
         try:
             st.settings = settings_for(st.host, opts)
-            check_host(st.host, st.settings, opts.identity_file)  # its files, its ssh_config
+            st.opts = for_host(st.host, opts)  # the key allowed into its container
+            check_host(st.host, st.settings, st.opts.identity_file)  # its files, ssh_config
         except UmprovError as exc:
             st.fail(exc)
     local_image_id: str | None = None
@@ -203,7 +204,8 @@ def _roll_out(
             st.fail(DeployFailed("no image on the host"))
         return
     try:
-        rollout(st.client, st.host, st.settings, opts, st.image_id, st.outcome, progress,
+        rollout(st.client, st.host, st.settings, st.opts or opts, st.image_id, st.outcome,
+                progress,
                 cancel=cancel)
         progress(st.name, st.outcome.state)
     except Exception as exc:  # noqa: BLE001 - one host's trouble is its outcome

@@ -21,6 +21,11 @@ UMPROV_VARIABLES: dict[str, tuple[str, str]] = {
     "umprov_expected_gpus": ("int", "number of GPUs verify expects on the host"),
     "umprov_gpu_profile": ("str", "verifier profile name, overriding detection by GPU model"),
     "umprov_known_hosts": ("path", "known_hosts file holding this host's SSH host key"),
+    "umprov_authorized_key": (
+        "path",
+        "public key allowed to log in to the container (deploy --authorized-key wins; default "
+        "~/.ssh/id_ed25519.pub, id_ecdsa.pub or id_rsa.pub); a lab's inventory names its own",
+    ),
     "umprov_container_name": ("str", "name of the deployed container"),
     "umprov_image": ("str", "PyTorch-CUDA image to deploy on this host"),
     "umprov_ssh_port": ("int", "host port published for SSH into the container"),
