@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -72,11 +73,19 @@ def print_outcomes(title: str, outcomes: Sequence[HostOutcome], columns: Sequenc
     print_table(title, [name for name, _ in columns], rows(outcomes, columns))
 
 
-def say_problems(outcomes: Sequence[HostOutcome], word: str) -> None:
-    """'umprov: N of M host(s) WORD' when some host's outcome is not a success."""
-    bad = [o for o in outcomes if not o.ok]
-    if bad:
-        say(f"umprov: {len(bad)} of {len(outcomes)} host(s) {word}")
+def say_problems(outcomes: Sequence[HostOutcome]) -> None:
+    """'umprov: N of M host(s) failed, K of M unreachable' when some host's outcome is not a
+    success: one word for each cause, the word its exit code means (and the table shows)."""
+    counts = Counter(o.kind.value for o in outcomes if not o.ok)
+    if counts:
+        total = len(outcomes)
+        say("umprov: " + ", ".join(
+            f"{n} of {total} host(s) {_PROBLEM_WORDS.get(kind, kind)}"
+            for kind, n in sorted(counts.items())
+        ))
+
+
+_PROBLEM_WORDS = {"warn": "warned"}  # every other kind is its own word (failed, unreachable)
 
 
 

@@ -229,8 +229,24 @@ def test_switching_the_pool_off_says_so() -> None:
     engine.all[0].start()
     off = _rollout(engine, OPTS)
     assert off.state == "replaced" and off.data["changed"] == ["managed memory off"]
-    assert off.detail == "replaced: managed memory off"
+    assert off.detail == ("replaced: managed memory off; new Jupyter token: "
+                          f"`umprov status --connect {off.host}` gives its URL")
     assert off.data["managed_memory"] is False
+
+
+def test_a_replaced_container_says_its_jupyter_token_changed() -> None:
+    """Replacing a container rotates its token: the old URL stops working, and deploy says
+    where the new one is; a created or kept container says nothing of it."""
+    from umprov.deploy.state import stored_token
+
+    engine = _engine("1")
+    first = _rollout(engine, OPTS)
+    assert "token" not in first.detail
+    old_token = stored_token("gpu1")
+    engine.all[0].start()
+    again = _rollout(engine, replace(OPTS, force=True))
+    assert again.state == "replaced" and stored_token("gpu1") != old_token
+    assert "new Jupyter token: `umprov status --connect gpu1` gives its URL" in again.detail
 
 
 @pytest.mark.parametrize(("pool", "said"), [

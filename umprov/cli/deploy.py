@@ -39,7 +39,8 @@ if TYPE_CHECKING:
               "(default 127.0.0.1: reach them through the host over SSH; any other address "
               "makes SSH and Jupyter reachable from the network, and deploy warns).")
 @click.option("--authorized-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Public key allowed to log in (default: ~/.ssh/id_ed25519.pub or id_rsa.pub).")
+              help="Public key allowed to log in (default: the host's umprov_authorized_key, "
+              "else ~/.ssh/id_ed25519.pub, id_ecdsa.pub or id_rsa.pub).")
 @click.option("--name", metavar="NAME", help="Container name (default: umprov).")
 @click.option("--shm-size", default="16g", show_default=True, help="Shared memory size for NCCL.")
 @click.option("--force", is_flag=True,
@@ -149,7 +150,7 @@ def deploy(
             "hosts": render.records(results, HOST_FIELDS),
         })
     print_outcomes(f"deploy: {len(results)} host(s) in {elapsed:.1f} s", results, COLUMNS)
-    say_problems(results, "failed")
+    say_problems(results)
     say_untrusted(results)
     return int(code)
 

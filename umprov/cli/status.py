@@ -82,6 +82,6 @@ def status(
     if as_json:
         emit_json({"hosts": render.records(outcomes, HOST_FIELDS)})
     print_outcomes("status", outcomes, COLUMNS)
-    say_problems(outcomes, "unreachable")
+    say_problems(outcomes)
     say_untrusted(outcomes)
     return exit_code(outcomes)

@@ -140,6 +140,8 @@ def _say_why(old: Any, labels: Mapping[str, str], opts: DeployOptions,
         changed = ["--force" if opts.force else "the old container was never started"]
     outcome.data["changed"] = changed
     _note(outcome, f"replaced: {', '.join(changed)}")
+    # The new container has a token of its own: the old Jupyter URL stops working.
+    _note(outcome, f"new Jupyter token: `umprov status --connect {outcome.host}` gives its URL")
 
 
 def _note(outcome: HostOutcome, text: str) -> None:

@@ -24,7 +24,7 @@ from umprov.deploy.outcome import HostState, new_outcome
 from umprov.deploy.pull import pull_image
 from umprov.deploy.push import push_image
 from umprov.deploy.rollout import rollout
-from umprov.deploy.state import check_host
+from umprov.deploy.state import check_host, reserve_tunnel_ports
 from umprov.errors import ConfigError, DeployFailed, EngineDown, UmprovError
 from umprov.hosts import HostLike
 from umprov.hosts.engine import engine_error
@@ -50,6 +50,7 @@ def deploy(
             check_host(st.host, st.settings, st.opts.identity_file)  # its files, ssh_config
         except UmprovError as exc:
             st.fail(exc)
+    reserve_tunnel_ports([st.name for st in states if st.live])  # in inventory order
     local_image_id: str | None = None
     if opts.delivery == "push":
         local_image_id = _local_image_id(local_client, states)
@@ -59,6 +60,9 @@ def deploy(
 
     def connect(st: HostState) -> None:
         _connect(st, opts, local_image_id, say)
+
+    def reconnect(st: HostState) -> None:  # for the push, which says what it does
+        _connect(st, opts, local_image_id, say, again=True)
 
     def roll_out(st: HostState) -> None:
         _roll_out(st, opts, say, pool.cancel)
@@ -71,7 +75,7 @@ def deploy(
         # One docker save streamed to at most --forks hosts at a time, each connected again.
         for start in range(0, len(lacking), width) if opts.delivery == "push" else ():
             batch = lacking[start:start + width]
-            pool.map(connect, batch, "connect")
+            pool.map(reconnect, batch, "connect")
             push_image(batch, local_client, pool, say)
             pool.map(lambda st: _once(st, roll_out), batch, "rollout")
     except BaseException:
@@ -129,8 +133,11 @@ def _local_image_id(local_client: Any, states: list[HostState]) -> str | None:
 
 
 def _connect(
-    st: HostState, opts: DeployOptions, local_image_id: str | None, progress: Progress
+    st: HostState, opts: DeployOptions, local_image_id: str | None, progress: Progress,
+    *, again: bool = False,
 ) -> None:
+    """A docker client over SSH to the host and the image it holds; ``again``: the host was
+    connected before (it lacked the image), so its line says "connecting" once."""
     if not st.live or st.settings is None:
         return
     from docker.errors import DockerException
@@ -138,7 +145,8 @@ def _connect(
     from umprov.hosts.engine import docker_client
 
     try:
-        progress(st.name, "connecting")
+        if not again:
+            progress(st.name, "connecting")
         st.client = docker_client(st.host, trust_new=opts.trust_new)
         st.image_id = _image_on_host(st, st.settings.image, opts, local_image_id, progress)
     except UmprovError as exc:

@@ -226,14 +226,23 @@ def tunnel_ports_path() -> Path:
 def tunnel_port(host_name: str) -> int:
     """The host's local tunnel port: the one on record, else the lowest free one from
     TUNNEL_BASE that no other host holds."""
+    return reserve_tunnel_ports([host_name])[host_name]
+
+
+def reserve_tunnel_ports(host_names: list[str]) -> dict[str, int]:
+    """Each host's tunnel port, those without one given the lowest free ones in the order
+    named (a deploy names its hosts in inventory order before any finishes: lab-1 gets
+    18888, lab-2 18889, whichever is done first)."""
     path = tunnel_ports_path()
     with locked(path):
         ports = _tunnel_ports(path)
-        if host_name not in ports:
+        new = [name for name in dict.fromkeys(host_names) if name not in ports]
+        if new:
             used = set(ports.values())
-            ports[host_name] = next(p for p in range(TUNNEL_BASE, 65536) if p not in used)
+            free = (p for p in range(TUNNEL_BASE, 65536) if p not in used)
+            ports.update(zip(new, free, strict=False))
             _save_tunnel_ports(path, ports)
-        return ports[host_name]
+        return {name: ports[name] for name in host_names}
 
 
 def _tunnel_ports(path: Path) -> dict[str, int]:
