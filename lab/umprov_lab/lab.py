@@ -206,6 +206,7 @@ def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[
     from docker.errors import NotFound
 
     from umprov.deploy.state import forget as forget_host
+    from umprov.verify.history import forget as forget_history
 
     check_lab_name(name)
     client = docker_engine(progress, start=False)
@@ -213,8 +214,9 @@ def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[
     for container in lab_hosts.lab_containers(client, f"{LABEL}={name}"):
         progress(f"removing {container.name}")
         index = container.labels.get(f"{LABEL}.index", "")
-        if index.isdigit():  # what deploy kept of the host: no login offered to a gone host
-            removed += [str(p) for p in forget_host(host_name(name, int(index)))]
+        if index.isdigit():  # what umprov kept of the host: no login, no report of it
+            gone = host_name(name, int(index))
+            removed += [str(p) for p in (*forget_host(gone), *forget_history(gone))]
         with contextlib.suppress(NotFound):  # removed meanwhile by another `lab down`
             container.remove(force=True, v=True)
         removed.append(container.name)

@@ -21,7 +21,12 @@ from typing import Any
 from umprov.deploy.options import HostSettings
 from umprov.errors import ConfigError
 from umprov.hosts import HostLike, is_loopback
-from umprov.hosts.ssh import host_pattern, known_hosts_files, umprov_known_hosts
+from umprov.hosts.ssh import (
+    host_pattern,
+    known_hosts_files,
+    umprov_known_hosts,
+    unpin_host_keys,
+)
 from umprov.paths import locked, private_dir, safe_name, state_dir, state_file, write_atomic
 
 
@@ -58,15 +63,28 @@ def connection_path(host_name: str) -> Path:
 
 
 def forget(host_name: str) -> list[Path]:
-    """Remove what deploy keeps of a host that no longer exists (its token, ssh_config and
-    connection record), so that `status --connect` offers no login to it; the files removed."""
+    """Remove what deploy keeps of a host that no longer exists (its token, ssh_config,
+    connection record and its container's pinned key), so that `status --connect` offers no
+    login to it; the files removed or changed."""
     removed = []
+    if unpin_host_keys(_pinned_under(host_name)):
+        removed.append(umprov_known_hosts())
     for path in (token_path(host_name), ssh_config_path(host_name), connection_path(host_name)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
     _forget_tunnel_port(host_name)
     return removed
+
+
+def _pinned_under(host_name: str) -> list[str]:
+    """The names the host's container key was pinned under (key_patterns), from its record."""
+    patterns = [container_alias(host_name)]
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        record = json.loads(connection_path(host_name).read_text())
+        if not record["via_host"]:
+            patterns.append(host_pattern(record["address"], int(record["ssh_port"])))
+    return patterns
 
 
 def _forget_tunnel_port(host_name: str) -> None:

@@ -179,19 +179,36 @@ def pin_host_key(patterns: list[str], key_line: str, path: Path | None = None) -
         key = paramiko.PKey.from_type_string(fields[0], base64.b64decode(fields[1]))
     except (ValueError, paramiko.SSHException) as exc:
         raise UmprovError(f"not an SSH public key ({exc})") from None
-    wanted = set(patterns)
     with locked(path):
-        kept = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                comment = not line or line.startswith("#")
-                names = [] if comment else line.split(" ", 1)[0].split(",")
-                if wanted.intersection(names):
-                    continue
-                kept.append(line)
+        kept = _lines_without(path, set(patterns))
         kept.append(_entry(patterns, key))
         write_private(path, "\n".join(kept) + "\n")
     return path
+
+
+def unpin_host_keys(patterns: list[str], path: Path | None = None) -> bool:
+    """Drop the keys pinned under ``patterns`` (a container that is gone for good); whether
+    any was there."""
+    path = path or umprov_known_hosts()
+    if not path.is_file():
+        return False
+    with locked(path):
+        lines = path.read_text().splitlines()
+        kept = _lines_without(path, set(patterns))
+        if len(kept) != len(lines):
+            write_private(path, "\n".join(kept) + "\n" if kept else "")
+    return len(kept) != len(lines)
+
+
+def _lines_without(path: Path, patterns: set[str]) -> list[str]:
+    """The known_hosts file's lines but those of entries naming one of ``patterns``."""
+    kept = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        comment = not line or line.startswith("#")
+        names = [] if comment else line.split(" ", 1)[0].split(",")
+        if not patterns.intersection(names):
+            kept.append(line)
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------

@@ -239,6 +239,21 @@ def prune(root: Path, retention: Retention, *, now: float | None = None) -> int:
     return dropped
 
 
+def forget(host: str, *, root: Path | None = None) -> list[Path]:
+    """Drop the stored runs of a host that is gone for good (a lab's, on `lab down`), so that
+    `umprov report` stops showing it; the files removed."""
+    root = root or root_dir()
+    if not root.is_dir():
+        return []
+    removed = []
+    for entry in load(root=root, hosts=[host]):
+        if entry.host == host:
+            entry.path.unlink(missing_ok=True)
+            removed.append(entry.path)
+    _tidy(root)
+    return removed
+
+
 def _tidy(root: Path) -> None:
     """Leftovers of writers that died (temporary files over an hour old, by the clock: a
     writer's file is as new as the clock says, whatever run time it records), empty key
