@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -65,3 +66,18 @@ def umprov_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[call
         return runner.invoke(_Boundary("umprov"), list(args), input=input, catch_exceptions=False)
 
     yield invoke
+
+
+def torch_with_dynamo() -> Any:
+    """torch with torch._dynamo imported (the optimizers and umprov's pool import it), or the
+    test skipped without torch. ansible-core replaces sys.intern with a callable object in any
+    process that imported it (a test worker has), and dynamo's import refuses to wrap that: it
+    is imported with Python's own sys.intern, put back afterwards."""
+    torch = pytest.importorskip("torch")
+    patched = sys.intern
+    sys.intern = getattr(type(patched), "unpatched_implementation", patched)
+    try:
+        import torch._dynamo  # noqa: F401
+    finally:
+        sys.intern = patched
+    return torch

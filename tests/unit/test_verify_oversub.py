@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import torch_with_dynamo
 from umprov.verify.agent import host, oversub
 from umprov.verify.agent.profiles import BUILTIN_PROFILES, LIMITS
 from umprov.verify.agent.runner import child_env
@@ -126,7 +127,7 @@ def test_an_image_without_umprov_managed_skips_saying_why(tmp_path, monkeypatch)
 def test_a_container_whose_allocator_setting_leaves_the_pool_off_warns(tmp_path, monkeypatch):
     """PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync leaves the pool off for every job of the
     container: the check says so (warn, naming the setting) and never enables the pool."""
-    pytest.importorskip("torch")
+    torch_with_dynamo()
     enabled = []
     fake = types.SimpleNamespace(
         async_backend=lambda: "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync",
