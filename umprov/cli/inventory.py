@@ -1,7 +1,9 @@
-"""`umprov inventory check`: validate an inventory and show its hosts."""
+"""`umprov inventory check`: validate an inventory and show its hosts; `umprov inventory
+init`: write the example inventory to start from."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -51,4 +53,34 @@ def check(inventory: InventoryRequest, as_json: bool) -> int:
             ["host", "address", "port", "user", "groups", "umprov vars"],
             rows,
         )
+    return ExitCode.OK
+
+
+@inventory.command("init")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default="inventory")
+def init(folder: Path) -> int:
+    """Write the example inventory into FOLDER (default: inventory): hosts.yml, with its groups
+    and hosts under example.com to replace, and group_vars/all.yml, every role variable at its
+    default. Nothing is overwritten: a file already there stops it before anything is written.
+
+    \b
+    Example:
+      umprov inventory init site && umprov inventory check site
+    """
+    import shutil
+
+    from umprov.errors import ConfigError
+    from umprov.paths import content_file
+
+    files = {"hosts.yml": content_file("inventory", "hosts.yml"),
+             "group_vars/all.yml": content_file("inventory", "group_vars", "all.yml")}
+    there = [name for name in files if (folder / name).exists()]
+    if there:
+        raise ConfigError(f"{folder / there[0]}: already exists; umprov inventory init "
+                          "overwrites nothing (choose another folder)")
+    for name, source in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, folder / name)
+    click.echo(f"wrote {folder / 'hosts.yml'} and {folder / 'group_vars' / 'all.yml'}: put your "
+               f"hosts in, then: umprov inventory check {folder}", err=True)
     return ExitCode.OK

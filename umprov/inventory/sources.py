@@ -76,7 +76,8 @@ def default_sources() -> list[Path]:
     found = _configured()
     if not found:
         raise InventoryError(
-            "no inventory given and ansible.cfg names none: pass one, e.g. inventory/hosts.yml"
+            "no inventory given and ansible.cfg names none: pass one "
+            "(`umprov inventory init` writes an example to start from)"
         )
     paths, origin = found
     for path in paths:
