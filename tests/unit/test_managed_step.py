@@ -1,0 +1,563 @@
+"""The optimizer's host step (docker/pytorch-cuda/managed/umprov_managed_step.py) on CPU torch.
+
+What a GPU is not needed for: the user's own optimizer stepping over host copies of the
+parameters (``HostStep._step_on_host``) computes what its own step computes, keeps
+``optimizer.state`` keyed by the user's parameters and round-trips ``state_dict()``; which
+optimizers and calls it stays out of (``eligible``); the chunks; and the step hooks that run
+the host step and hide the parameters from the device step that follows. The copies between
+the GPU and the host (streams, pinned slots) are tested on a GPU: tests/gpu."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import REPO
+
+torch = pytest.importorskip("torch")
+
+MANAGED = REPO / "docker" / "pytorch-cuda" / "managed"
+if str(MANAGED) not in sys.path:
+    sys.path.insert(0, str(MANAGED))
+
+import umprov_managed_step as step  # noqa: E402
+from torch.optim.optimizer import (  # noqa: E402
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+# The host step never calls the scheduler's wrapped optimizer.step: the scheduler says so.
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")
+
+# (class, its defaults, the second group's own settings): two groups with different lr
+OPTIMIZERS = {
+    "AdamW": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}, {"lr": 3e-2}),
+    "Adam-amsgrad": (torch.optim.Adam, {"lr": 1e-2, "amsgrad": True, "betas": (0.8, 0.99)},
+                     {"lr": 2e-2, "weight_decay": 0.01}),
+    "SGD-momentum": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3},
+                     {"lr": 0.1, "nesterov": True, "dampening": 0.0}),
+    "RMSprop": (torch.optim.RMSprop, {"lr": 1e-2, "momentum": 0.5, "centered": True},
+                {"lr": 5e-3}),
+    "Adagrad": (torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01}, {"lr": 0.2}),
+}
+SHAPES = [(4, 3), (4,), (2, 4), (2,), (5,)]
+
+
+def parameters(seed: int = 0) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in SHAPES]
+
+
+def optimizer(kind: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    cls, defaults, second = OPTIMIZERS[kind]
+    return cls([{"params": params[:2]}, {"params": params[2:], **second}], **defaults)
+
+
+def scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+
+def grads(i: int) -> list[torch.Tensor | None]:
+    """Step i's gradients; in odd steps the last parameter has none (it is not stepped)."""
+    gen = torch.Generator().manual_seed(100 + i)
+    out: list[torch.Tensor | None] = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    if i % 2:
+        out[-1] = None
+    return out
+
+
+def host_step(opt: torch.optim.Optimizer, fused: bool) -> step.HostStep:
+    """A HostStep without its CUDA streams and pinned memory (object.__new__): its masters are
+    plain host copies of the user's parameters, which stand for the GPU's."""
+    host = object.__new__(step.HostStep)
+    host.opt = opt
+    host.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
+    host.masters = {p: p.detach().clone() for g in opt.param_groups for p in g["params"]}
+    host.versions = {}
+    host.fused = fused
+    return host
+
+
+def step_on_host(host: step.HostStep, params: list[torch.Tensor],
+                 gs: list[torch.Tensor | None]) -> None:
+    """What HostStep.step does, less the copies' streams: gradients down to the masters, the
+    inner step chunk by chunk, the masters up to the parameters."""
+    stepped = [p for p, g in zip(params, gs, strict=True) if g is not None]
+    for p, g in zip(params, gs, strict=True):
+        if g is not None:
+            host.masters[p].grad = g.clone()
+    # chunks that cut across the two groups, as CHUNK does in a large model
+    for chunk in (stepped[:3], stepped[3:]):
+        if chunk:
+            host._step_on_host(chunk)
+    with torch.no_grad():
+        for p in stepped:
+            p.copy_(host.masters[p])
+            host.masters[p].grad = None
+
+
+def reference_step(opt: torch.optim.Optimizer, params: list[torch.Tensor],
+                   gs: list[torch.Tensor | None]) -> None:
+    for p, g in zip(params, gs, strict=True):
+        p.grad = None if g is None else g.clone()
+    opt.step()
+
+
+def same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> None:
+    if exact:
+        assert torch.equal(a, b), (a, b)
+    else:  # a fused CPU kernel against the single-tensor loop: rounding apart
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def same_state(ref: torch.optim.Optimizer, ref_params: list, opt: torch.optim.Optimizer,
+               params: list, exact: bool) -> None:
+    for p_ref, p in zip(ref_params, params, strict=True):
+        assert set(opt.state[p]) == set(ref.state[p_ref])
+        for key, value in ref.state[p_ref].items():
+            mine = opt.state[p][key]
+            assert mine.device.type == "cpu"
+            same(mine.float(), value.float(), exact)
+
+
+FUSED = "cpu" in step._get_fused_kernels_supported_devices()
+
+
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not FUSED, reason="this torch has no fused CPU kernels"))], ids=["loop", "fused"])
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_the_host_step_is_the_optimizers_own_step(kind, fused):
+    exact = not fused
+    ref_params, params = parameters(), parameters()
+    ref, opt = optimizer(kind, ref_params), optimizer(kind, params)
+    ref_sched, sched = scheduler(ref), scheduler(opt)
+    host = host_step(opt, fused)
+    groups = opt.param_groups
+    group_dicts = [dict(g) for g in groups]
+    for i in range(5):
+        reference_step(ref, ref_params, grads(i))
+        step_on_host(host, params, grads(i))
+        ref_sched.step()
+        sched.step()
+        assert opt.param_groups is groups  # the user's groups are back after each chunk
+        for p_ref, p in zip(ref_params, params, strict=True):
+            same(p, p_ref, exact)
+    # the schedule reached the host step: lr halved twice, each group its own
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref.param_groups]
+    assert opt.param_groups[1]["lr"] == OPTIMIZERS[kind][2]["lr"] * 0.25
+    # the host step's settings (foreach off, fused) stay out of the user's groups
+    assert [{k: v for k, v in g.items() if k != "lr"} for g in opt.param_groups] == \
+        [{k: v for k, v in g.items() if k != "lr"} for g in group_dicts]
+    # the state is keyed by the user's parameters, never by the host copies
+    assert {id(p) for p in opt.state} == {id(p) for p in params}
+    assert not {id(m) for m in host.masters.values()} & {id(p) for p in opt.state}
+    same_state(ref, ref_params, opt, params, exact)
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_state_dict_round_trips_into_a_fresh_optimizer(kind):
+    ref_params, params = parameters(), parameters()
+    ref, opt = optimizer(kind, ref_params), optimizer(kind, params)
+    ref_sched, sched = scheduler(ref), scheduler(opt)
+    host = host_step(opt, False)
+    for i in range(3):
+        reference_step(ref, ref_params, grads(i))
+        step_on_host(host, params, grads(i))
+        ref_sched.step()
+        sched.step()
+    saved, saved_sched = copy.deepcopy(opt.state_dict()), copy.deepcopy(sched.state_dict())
+    expected = ref.state_dict()
+    assert saved["param_groups"] == expected["param_groups"]
+    assert sorted(saved["state"]) == sorted(expected["state"]) == list(range(len(SHAPES)))
+    for index, state in expected["state"].items():
+        for key, value in state.items():
+            assert torch.equal(saved["state"][index][key], value), (index, key)
+
+    # a fresh process: the model's parameters as they are, a new optimizer and scheduler
+    fresh_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fresh = optimizer(kind, fresh_params)
+    fresh_sched = scheduler(fresh)
+    fresh.load_state_dict(saved)
+    fresh_sched.load_state_dict(saved_sched)
+    fresh_host = host_step(fresh, False)
+    for i in range(3, 7):
+        reference_step(ref, ref_params, grads(i))
+        step_on_host(fresh_host, fresh_params, grads(i))
+        ref_sched.step()
+        fresh_sched.step()
+    for p_ref, p in zip(ref_params, fresh_params, strict=True):
+        assert torch.equal(p, p_ref)
+    assert [g["lr"] for g in fresh.param_groups] == [g["lr"] for g in ref.param_groups]
+    same_state(ref, ref_params, fresh, fresh_params, exact=True)
+
+
+def test_the_inner_step_sees_the_masters_and_gives_the_users_groups_back_when_it_fails():
+    params = parameters()
+    opt = optimizer("AdamW", params)
+    host = host_step(opt, True)
+    groups, state = opt.param_groups, opt.state
+    seen = {}
+
+    def failing_step(o):
+        seen["groups"] = [([id(p) for p in g["params"]], g["lr"], g["foreach"], g["fused"])
+                          for g in o.param_groups]
+        seen["state"] = {id(p): v for p, v in o.state.items()}
+        seen["grad"] = torch.is_grad_enabled()
+        raise RuntimeError("the step failed")
+
+    opt.state[params[3]]["marker"] = 1
+    host.step_fn = failing_step
+    with pytest.raises(RuntimeError, match="the step failed"):
+        host._step_on_host([params[0], params[3]])
+    masters = host.masters
+    assert seen["groups"] == [([id(masters[params[0]])], 1e-2, False, True),
+                              ([id(masters[params[3]])], 3e-2, False, True)]
+    assert seen["state"] == {id(masters[params[0]]): {}, id(masters[params[3]]): {"marker": 1}}
+    assert seen["grad"] is False
+    assert opt.param_groups is groups and opt.state is state
+    assert groups[0]["foreach"] is None and groups[0]["fused"] is None
+
+
+# eligible(): a stand-in for a CUDA parameter, as this torch has no CUDA
+
+
+class CudaParam:
+    """What eligible() reads of a parameter, on a CUDA device."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32, grad: torch.Tensor | None = None):
+        self.device = torch.device("cuda", 0)
+        self._like = torch.empty(0, dtype=dtype)
+        self.grad = torch.zeros(4, 4) if grad is None else grad
+
+    def is_complex(self) -> bool:
+        return self._like.is_complex()
+
+    def is_floating_point(self) -> bool:
+        return self._like.is_floating_point()
+
+
+def on_cuda(opt: torch.optim.Optimizer, **param: object) -> torch.optim.Optimizer:
+    """The optimizer with its parameters swapped for stand-ins on CUDA."""
+    for group in opt.param_groups:
+        group["params"] = [CudaParam(**param) for _ in group["params"]]  # type: ignore[arg-type]
+    return opt
+
+
+class AdamW(torch.optim.AdamW):  # the user's own: its name, not torch's
+    pass
+
+
+class MyAdam(torch.optim.Adam):
+    pass
+
+
+@pytest.mark.parametrize("kind", step.KINDS)
+def test_eligible_takes_torchs_own_optimizers_of_each_kind(kind):
+    opt = on_cuda(getattr(torch.optim, kind)(parameters()))
+    assert step.eligible(opt, (opt,), {})
+
+
+def test_eligible_reads_the_arguments_as_the_step_hooks_get_them():
+    """The hook's args hold the optimizer itself; a closure comes after it, or as a keyword."""
+    seen = []
+    probe = on_cuda(torch.optim.SGD(parameters(), lr=0.1))  # what eligible() reads of opt
+    handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: seen.append(
+        (args[0] is opt, step.eligible(probe, args, kwargs))))
+    try:
+        params = parameters()
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.SGD(params, lr=0.1)
+        opt.step()
+        opt.step(lambda: None)
+        opt.step(closure=lambda: None)
+    finally:
+        handle.remove()
+    assert seen == [(True, True), (True, False), (True, False)]
+
+
+def test_eligible_refuses_what_a_host_step_would_change():
+    def fresh(**kwargs: object) -> torch.optim.Optimizer:
+        return on_cuda(torch.optim.AdamW(parameters(), lr=1e-3, **kwargs))
+
+    opt = fresh()
+    assert step.eligible(opt, (opt,), {})  # each case below differs from this in one thing
+    assert not step.eligible(opt, (opt, lambda: 0.0), {})  # a closure
+    assert not step.eligible(opt, (opt,), {"closure": lambda: 0.0})
+    scale = torch.ones(())
+    assert not step.eligible(opt, (opt,), {"grad_scale": scale, "found_inf": scale})  # GradScaler
+    opt = fresh()
+    opt.param_groups[0]["capturable"] = True
+    assert not step.eligible(opt, (opt,), {})
+    opt = fresh(differentiable=True)
+    assert not step.eligible(opt, (opt,), {})
+    opt = fresh()
+    opt.param_groups[0]["lr"] = torch.tensor(1e-3)  # a tensor lr on the host is fine
+    assert step.eligible(opt, (opt,), {})
+    opt.param_groups[0]["lr"] = torch.empty((), device="meta")  # on a device: not the host's
+    assert not step.eligible(opt, (opt,), {})
+    opt = on_cuda(torch.optim.AdamW(parameters()), dtype=torch.complex64)
+    assert not step.eligible(opt, (opt,), {})
+    opt = on_cuda(torch.optim.SGD(parameters()), dtype=torch.int64)
+    assert not step.eligible(opt, (opt,), {})
+    opt = on_cuda(torch.optim.SGD(parameters()), grad=torch.zeros(4, 4).to_sparse())
+    assert not step.eligible(opt, (opt,), {})
+    opt = on_cuda(torch.optim.SGD(parameters()), grad=torch.zeros(4, 4).t()[:, :2])
+    assert not step.eligible(opt, (opt,), {})
+    opt = fresh()
+    opt.param_groups[0]["params"][2] = parameters()[2]  # one parameter on the host
+    assert not step.eligible(opt, (opt,), {})
+    opt = torch.optim.AdamW(parameters())  # all on the host: the CPU steps them anyway
+    assert not step.eligible(opt, (opt,), {})
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.LBFGS(ps),  # its step couples every parameter
+    lambda ps: torch.optim.SparseAdam(ps),
+    lambda ps: AdamW(ps),  # named as torch's, but the user's class
+    lambda ps: MyAdam(ps),
+], ids=["LBFGS", "SparseAdam", "users-AdamW", "users-subclass"])
+def test_eligible_refuses_other_optimizers(make):
+    opt = on_cuda(make(parameters()))
+    assert not step.eligible(opt, (opt,), {})
+
+
+# _chunks
+
+
+def test_chunks_hold_chunk_bytes_in_order_without_an_empty_one():
+    """The real CHUNK (256 MiB) over meta tensors: no memory behind them."""
+    mib = 1 << 20
+
+    def of(n_mib: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(n_mib * mib // torch.empty(0, dtype=dtype).element_size(),
+                           dtype=dtype, device="meta")
+
+    a, b, c, d, e, f = of(100), of(156, torch.bfloat16), of(1), of(300), of(200), of(56)
+    chunks = step._chunks([a, b, c, d, e, f])
+    assert [[id(t) for t in chunk] for chunk in chunks] == \
+        [[id(a), id(b)], [id(c)], [id(d)], [id(e), id(f)]]  # 100+156 = 256: one chunk
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chunks_split_greedily_by_bytes(monkeypatch, seed):
+    import random
+
+    monkeypatch.setattr(step, "CHUNK", 1000)
+    rng = random.Random(seed)  # noqa: S311 - test data
+    dtypes = [torch.float32, torch.float16, torch.float64, torch.uint8]
+    params = [torch.empty(rng.choice([1, 10, 100, 250, 400, 1200]), dtype=rng.choice(dtypes),
+                          device="meta") for _ in range(rng.randint(1, 40))]
+    chunks = step._chunks(params)
+
+    def nbytes(chunk: list) -> int:
+        return sum(p.numel() * p.element_size() for p in chunk)
+
+    assert [id(p) for chunk in chunks for p in chunk] == [id(p) for p in params]
+    assert all(chunks)  # never an empty one
+    for chunk in chunks:
+        assert nbytes(chunk) <= 1000 or len(chunk) == 1  # only a parameter past CHUNK alone
+    for this, after in itertools.pairwise(chunks):  # each as full as the next one allows
+        assert nbytes(this) + nbytes(after[:1]) > 1000
+
+
+# the step hooks, on CPU: eligible() and the pool's spilling stood in for
+
+
+@pytest.fixture
+def hooks(monkeypatch):
+    """The module's global hooks for this test, a HostStep without CUDA (its step as
+    HostStep.step does it, less the streams), and switches for eligible() and _spilling()."""
+    switch = SimpleNamespace(eligible=True, spilling=False, host_steps=0, groups_seen=[])
+
+    def init(self, opt):
+        self.opt = opt
+        self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
+        self.masters, self.versions, self.fused = {}, {}, False
+
+    def host_step_cpu(self):
+        switch.host_steps += 1
+        switch.groups_seen.append([len(g["params"]) for g in self.opt.param_groups])
+        params = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
+        for p in params:
+            self.masters.setdefault(p, p.detach().clone()).grad = p.grad.detach().clone()
+        for chunk in step._chunks(params):
+            self._step_on_host(chunk)
+        with torch.no_grad():
+            for p in params:
+                p.copy_(self.masters[p])
+                self.masters[p].grad = None
+
+    monkeypatch.setattr(step.HostStep, "__init__", init)
+    monkeypatch.setattr(step.HostStep, "step", host_step_cpu)
+    monkeypatch.setattr(step, "eligible", lambda opt, args, kwargs: switch.eligible)
+    monkeypatch.setattr(step, "_spilling", lambda: switch.spilling)
+    monkeypatch.delenv("UMPROV_MANAGED_HOST_STEP", raising=False)
+    handles = [register_optimizer_step_pre_hook(step._before_step),
+               register_optimizer_step_post_hook(step._after_step)]
+    yield switch
+    for handle in handles:
+        handle.remove()
+
+
+def watched(opt: torch.optim.Optimizer) -> list:
+    """What the device step sees: the parameters of each group, from the optimizer's own
+    hooks (they run after the global pre-hook and before the global post-hook)."""
+    seen: list = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.append(
+        ("pre", [len(g["params"]) for g in o.param_groups], [g["lr"] for g in o.param_groups])))
+    opt.register_step_post_hook(lambda o, a, k: seen.append(
+        ("post", [len(g["params"]) for g in o.param_groups], [g["lr"] for g in o.param_groups])))
+    return seen
+
+
+def train(opt, params, sched, steps, start=0, closure=False):
+    for i in range(start, start + steps):
+        for p, g in zip(params, grads(i), strict=True):
+            p.grad = None if g is None else g.clone()
+        if closure:
+            opt.step(lambda: None)
+        else:
+            opt.step()
+        sched.step()
+
+
+def test_a_job_that_does_not_spill_steps_as_written(hooks):
+    ref_params, params = parameters(), parameters()
+    ref, opt = optimizer("AdamW", ref_params), optimizer("AdamW", params)
+    seen = watched(opt)
+    train(ref, ref_params, scheduler(ref), 3)
+    train(opt, params, scheduler(opt), 3)
+    assert hooks.host_steps == 0 and "_umprov_host" not in opt.__dict__
+    assert seen[0] == ("pre", [2, 3], [1e-2, 3e-2])  # the device step had every parameter
+    for p_ref, p in zip(ref_params, params, strict=True):
+        assert torch.equal(p, p_ref)
+
+
+def test_once_the_pool_spills_the_host_steps_and_the_device_step_sees_no_parameters(hooks):
+    ref_params, params = parameters(), parameters()
+    ref, opt = optimizer("Adam-amsgrad", ref_params), optimizer("Adam-amsgrad", params)
+    groups = opt.param_groups
+    group_ids = [id(g) for g in groups]
+    train(ref, ref_params, scheduler(ref), 5)  # not spilling: the reference steps as written
+    assert hooks.host_steps == 0
+    seen = watched(opt)
+    hooks.spilling = True
+    sched = scheduler(opt)
+    train(opt, params, sched, 2)
+    assert hooks.host_steps == 2
+    assert hooks.groups_seen == [[2, 3], [2, 3]]  # the host step had every parameter
+    # the device step's groups are empty, their settings (the scheduled lr) kept
+    assert seen == [("pre", [0, 0], [1e-2, 2e-2]), ("post", [0, 0], [1e-2, 2e-2]),
+                    ("pre", [0, 0], [1e-2, 2e-2]), ("post", [0, 0], [1e-2, 2e-2])]
+    assert opt.param_groups is groups and [id(g) for g in opt.param_groups] == group_ids
+    assert "_umprov_groups" not in opt.__dict__
+    hooks.spilling = False  # once on the host, it stays there
+    train(opt, params, sched, 3, start=2)
+    assert hooks.host_steps == 5
+    assert seen[-2:] == [("pre", [0, 0], [2.5e-3, 5e-3]), ("post", [0, 0], [2.5e-3, 5e-3])]
+    for p_ref, p in zip(ref_params, params, strict=True):
+        assert torch.equal(p, p_ref)  # stepped once a step: not again on the "device"
+    assert {id(p) for p in opt.state} == {id(p) for p in params}
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref.param_groups]
+
+
+def test_a_call_the_host_step_would_change_runs_on_the_device(hooks):
+    params = parameters()
+    opt = optimizer("SGD-momentum", params)
+    seen = watched(opt)
+    hooks.spilling = True
+    train(opt, params, scheduler(opt), 1)
+    assert hooks.host_steps == 1 and "_umprov_host" in opt.__dict__
+    hooks.eligible = False  # a closure, say: the device step gets its parameters back
+    before = [p.detach().clone() for p in params]
+    train(opt, params, scheduler(opt), 1, start=1, closure=True)
+    assert hooks.host_steps == 1
+    assert seen[-2:] == [("pre", [2, 3], [0.05, 0.1]), ("post", [2, 3], [0.05, 0.1])]
+    assert not all(torch.equal(a, b) for a, b in zip(before, params, strict=True))
+
+
+def test_an_ineligible_optimizer_never_gets_a_host_step(hooks):
+    params = parameters()
+    opt = optimizer("RMSprop", params)
+    hooks.spilling, hooks.eligible = True, False
+    seen = watched(opt)
+    train(opt, params, scheduler(opt), 2)
+    assert hooks.host_steps == 0 and "_umprov_host" not in opt.__dict__
+    assert seen[0][1] == [2, 3]
+
+
+def test_host_step_1_steps_on_the_host_before_anything_spills(hooks, monkeypatch):
+    monkeypatch.setenv("UMPROV_MANAGED_HOST_STEP", "1")
+    params = parameters()
+    opt = optimizer("Adagrad", params)
+    train(opt, params, scheduler(opt), 2)
+    assert hooks.host_steps == 2
+
+
+def test_install_registers_the_hooks_once_and_not_at_all_with_host_step_0(monkeypatch):
+    registered = []
+    monkeypatch.setattr(step, "register_optimizer_step_pre_hook",
+                        lambda hook: registered.append(("pre", hook)))
+    monkeypatch.setattr(step, "register_optimizer_step_post_hook",
+                        lambda hook: registered.append(("post", hook)))
+    monkeypatch.setattr(step, "_lib", None)
+    monkeypatch.setenv("UMPROV_MANAGED_HOST_STEP", "0")
+    step.install("lib")
+    assert registered == [] and step._lib is None
+    monkeypatch.setenv("UMPROV_MANAGED_HOST_STEP", "auto")
+    step.install("lib")
+    step.install("lib")
+    assert registered == [("pre", step._before_step), ("post", step._after_step)]
+    assert step._lib == "lib"
+
+
+def test_spilling_reads_the_pools_spilled_bytes(monkeypatch):
+    class Lib:
+        spilled = 0
+
+        def umprov_um_stats(self, out):
+            out[0], out[1], out[2] = 1 << 30, 1 << 29, self.spilled
+
+    lib = Lib()
+    monkeypatch.setattr(step, "_lib", lib)
+    assert not step._spilling()
+    lib.spilled = 4096
+    assert step._spilling()
+
+
+def test_masters_are_read_again_where_a_parameter_changed_outside_the_optimizer(monkeypatch):
+    """_masters_for: one host block a dtype, the parameters' values, and a parameter changed
+    since the last step (a checkpoint loaded into the model) read again."""
+    monkeypatch.setattr(step, "_pinned", lambda numel, dtype, owner: torch.empty(numel,
+                                                                                 dtype=dtype))
+    params = parameters()
+    half = torch.nn.Parameter(torch.randn(3).half())
+    opt = torch.optim.SGD(params + [half], lr=0.1)
+    host = host_step(opt, False)
+    host.masters = {}
+    host._masters_for(params + [half])
+    for p in params + [half]:
+        assert torch.equal(host.masters[p], p) and host.masters[p].dtype == p.dtype
+    storages = {host.masters[p].untyped_storage().data_ptr() for p in params}
+    assert len(storages) == 1  # the float32 ones share one block
+    host.versions = {p: p._version for p in params + [half]}
+    with torch.no_grad():
+        params[1].fill_(7.0)  # loaded from a checkpoint
+        host.masters[params[0]].add_(1.0)  # stepped on the host, not yet gone up
+    stepped = host.masters[params[0]].clone()
+    host._masters_for(params + [half])
+    assert torch.equal(host.masters[params[1]], torch.full((4,), 7.0))
+    assert torch.equal(host.masters[params[0]], stepped)  # unchanged on the device: kept
+
+
+def test_a_host_view_is_the_same_memory():
+    t = torch.arange(6, dtype=torch.float32).view(2, 3)
+    view = step._host_view(t)
+    assert view.shape == t.shape and view.dtype == t.dtype
+    view[1, 2] = 42.0
+    assert t[1, 2] == 42.0
