@@ -127,7 +127,7 @@ INDIRECT = [
     ("torch.Tensor.view", ".view(grad.dtype)"),
     ("torch.Tensor.view_as", ".view_as(p)"),
     ("torch.Tensor.numel", "p.numel()"),
-    ("torch.Tensor.element_size", "p.element_size()"),
+    ("torch.Tensor.element_size", ".element_size()"),
     ("torch.Tensor.is_complex", "p.is_complex()"),
     ("torch.Tensor.is_floating_point", "p.is_floating_point()"),
     ("torch.Tensor.is_sparse", "p.grad.is_sparse"),

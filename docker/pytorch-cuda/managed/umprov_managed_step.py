@@ -38,6 +38,7 @@ from torch.optim.optimizer import (
 
 KINDS = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
 CHUNK = 256 << 20  # bytes of parameters a chunk: big enough for the CPU's threads and the bus
+ALIGN = 512  # each gradient's place in a slot: any dtype's view of it starts aligned
 SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
 _lib: Any = None
 
@@ -90,7 +91,9 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if not eligible(opt, args, kwargs) or (mode != "1" and not _spilling()):
             return
         host = opt.__dict__["_umprov_host"] = HostStep(opt)
-    elif not eligible(opt, args, kwargs):
+    elif not eligible(opt, args, kwargs):  # a closure once, say: the state goes back first
+        host.state_to_device()
+        del opt.__dict__["_umprov_host"]
         return
     host.step()
     opt.__dict__["_umprov_groups"] = opt.param_groups
@@ -161,9 +164,19 @@ class HostStep:
                 if isinstance(value, torch.Tensor) and value.device.type != "cpu":
                     state[p][key] = value.to("cpu", torch.float32 if key == "step" else None)
 
+    def state_to_device(self) -> None:
+        """The optimizer's state back beside its parameters, as a device step expects it."""
+        for group in self.opt.param_groups:
+            on_device = group.get("fused") or group.get("capturable")
+            for p in group["params"]:
+                state = self.opt.state.get(p, {})
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and (key != "step" or on_device):
+                        state[key] = value.to(p.device)
+
     def _size_slots(self, params: list[torch.Tensor]) -> None:
         """Pinned gradient slots, each as large as a chunk or the largest parameter."""
-        need = max([CHUNK] + [p.numel() * p.element_size() for p in params])
+        need = max([CHUNK] + [_nbytes(p) for p in params])
         if not self.slots or self.slots[0].numel() < need:
             self.slots = [_pinned(need, torch.uint8, self.opt) for _ in range(SLOTS)]
 
@@ -182,7 +195,7 @@ class HostStep:
                 view = buffer[at:at + nbytes].view(grad.dtype).view_as(grad)
                 view.copy_(grad, non_blocking=True)
                 master.grad = view
-                at += nbytes
+                at += _nbytes(grad)
         done = torch.cuda.Event()
         done.record(self.down)
         return done
@@ -215,16 +228,22 @@ class HostStep:
                 p.detach().copy_(self.masters[p], non_blocking=True)
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    """The tensor's bytes rounded up to ALIGN: its room in a gradient slot."""
+    return -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+
+
 def _chunks(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive parameters, at most CHUNK bytes of slot room a chunk (or one larger one)."""
     chunks: list[list[torch.Tensor]] = [[]]
     size = 0
     for p in params:
-        if chunks[-1] and size + p.numel() * p.element_size() > CHUNK:
+        if chunks[-1] and size + _nbytes(p) > CHUNK:
             chunks.append([])
             size = 0
         chunks[-1].append(p)
-        size += p.numel() * p.element_size()
-    return chunks
+        size += _nbytes(p)
+    return [chunk for chunk in chunks if chunk]
 
 
 def _host_view(tensor: torch.Tensor) -> torch.Tensor:
