@@ -36,11 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from managed_alloc import GIB, NVLS_OFF, build, pinned_h2d
+
 HERE = Path(__file__).resolve().parent
 MANAGED = HERE.parent / "docker" / "pytorch-cuda" / "managed"
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
-GIB = 1 << 30
 NEIGHBOUR = """
 import sys, time, cupy
 free, _ = cupy.cuda.runtime.memGetInfo()
@@ -148,24 +147,6 @@ def run_child(library: Path, timeout: float, **run: object) -> dict:
     return {**run, **result, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def pinned_h2d() -> float:
-    import torch
-
-    n = 2 * GIB
-    host = torch.empty(n, dtype=torch.uint8).pin_memory()
-    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-    best = 0.0
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        best = max(best, n / (time.perf_counter() - t0) / 1e9)
-    del host, dev
-    torch.cuda.empty_cache()
-    return best
-
-
 def step(result: dict) -> float | None:
     steps = result.get("step_s") or []
     return statistics.median(steps[1:]) if len(steps) > 1 else None
@@ -240,9 +221,7 @@ def main() -> int:
         if neighbour.stdout is None or neighbour.stdout.readline().strip() != "ready":
             raise SystemExit("the neighbour process did not start")
         with tempfile.TemporaryDirectory() as tmp:
-            library = Path(tmp) / "libumprov_managed.so"
-            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library),
-                            str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+            library = build(Path(tmp))
             for run in plan(args):
                 results.append(run_child(library, args.timeout, **run))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "losses"}),

@@ -102,23 +102,29 @@ def test_children_never_inherit_the_containers_managed_allocator(monkeypatch):
     assert child_env()["UMPROV_MANAGED_MEMORY"] == "0"
 
 
+class Emitter:
+    """The child's emitter, keeping what it records (and "done")."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def start(self, *a) -> None:
+        pass
+
+    def event(self, *a, **kw) -> None:
+        pass
+
+    def record(self, rec) -> None:
+        self.records.append(rec)
+
+    def done(self) -> None:
+        self.records.append("done")
+
+
 def test_an_image_without_umprov_managed_skips_saying_why(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setitem(sys.modules, "umprov_managed", None)  # import fails
-
-    class Em:
-        records: list = []
-
-        def start(self, *a):
-            pass
-
-        def record(self, rec):
-            self.records.append(rec)
-
-        def done(self):
-            self.records.append("done")
-
-    em = Em()
+    em = Emitter()
     oversub.child_oversub(em, {"lock": str(tmp_path / "hostlink.lock")}, 0)
     (rec, done) = em.records
     assert rec["verdict"] == "skip" and "umprov_managed" in rec["detail"] and done == "done"
@@ -133,24 +139,7 @@ def test_a_container_whose_allocator_setting_leaves_the_pool_off_warns(tmp_path,
         async_backend=lambda: "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync",
         enable=lambda **kw: enabled.append(kw))
     monkeypatch.setitem(sys.modules, "umprov_managed", fake)
-
-    class Em:
-        def __init__(self) -> None:
-            self.records: list = []
-
-        def start(self, *a):
-            pass
-
-        def event(self, *a, **kw):
-            pass
-
-        def record(self, rec):
-            self.records.append(rec)
-
-        def done(self):
-            self.records.append("done")
-
-    em = Em()
+    em = Emitter()
     oversub.child_oversub(em, {"lock": str(tmp_path / "hostlink.lock")}, 0)
     (rec, done) = em.records
     assert rec["verdict"] == "warn" and "cudaMallocAsync" in rec["detail"], rec
