@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 from managed_alloc import GIB, NVLS_OFF, build, pinned_h2d
+from managed_alloc import after_first as step
 
 HERE = Path(__file__).resolve().parent
 MANAGED = HERE.parent / "docker" / "pytorch-cuda" / "managed"
@@ -145,11 +145,6 @@ def run_child(library: Path, timeout: float, **run: object) -> dict:
     except (IndexError, ValueError):
         result = {"error": f"exit {proc.returncode}: {proc.stderr[-800:]}"}
     return {**run, **result, "wall_s": round(time.perf_counter() - t0, 1)}
-
-
-def step(result: dict) -> float | None:
-    steps = result.get("step_s") or []
-    return statistics.median(steps[1:]) if len(steps) > 1 else None
 
 
 def plan(args: argparse.Namespace) -> list[dict]:
