@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, torch_with_dynamo
 
-torch = pytest.importorskip("torch")
+torch = torch_with_dynamo()  # imports torch._dynamo safely beside ansible-core
 
 MANAGED = REPO / "docker" / "pytorch-cuda" / "managed"
 if str(MANAGED) not in sys.path:
