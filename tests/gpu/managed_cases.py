@@ -85,7 +85,19 @@ def case_train(optim: str) -> dict:
     opt = kind(m.parameters(), lr=1e-3, **kwargs)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     losses = train(m, opt, batches(12), accumulate=2, sched=sched)
-    return {"losses": losses, "host_step": "_umprov_host" in opt.__dict__}
+    return {"losses": losses, "host_step": "_umprov_host" in opt.__dict__,
+            "grads_down": grads_down(m, opt)}
+
+
+def grads_down(m: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
+    """Whether one more backward leaves every gradient in the host step's pinned memory."""
+    host = opt.__dict__.get("_umprov_host")
+    if host is None or host.grads_down is None:
+        return False
+    x, y = batches(1)[0]
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    torch.cuda.synchronize()
+    return all(host.grads_down.host_of(p) is not None for p in m.parameters())
 
 
 def case_resume(path: str) -> dict:
@@ -131,7 +143,7 @@ def case_ddp() -> dict:
     try:
         m = torch.nn.parallel.DistributedDataParallel(model(), device_ids=[0])
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        return {"losses": train(m, opt, batches(6))}
+        return {"losses": train(m, opt, batches(6)), "grads_down": grads_down(m, opt)}
     finally:
         dist.destroy_process_group()
 

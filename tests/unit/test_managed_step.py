@@ -9,6 +9,7 @@ the GPU and the host (streams, pinned slots) are tested on a GPU: tests/gpu."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import sys
@@ -377,7 +378,7 @@ def hooks(monkeypatch):
     def init(self, opt):
         self.opt = opt
         self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
-        self.masters, self.versions, self.fused = {}, {}, False
+        self.masters, self.versions, self.fused, self.grads_down = {}, {}, False, None
 
     def host_step_cpu(self):
         switch.host_steps += 1
@@ -561,3 +562,93 @@ def test_a_host_view_is_the_same_memory():
     assert view.shape == t.shape and view.dtype == t.dtype
     view[1, 2] = 42.0
     assert t[1, 2] == 42.0
+
+
+# gradients down during backward (GradsDown), on CPU: the "mapped" view is the host tensor
+# itself, as kernels see pinned mapped memory; streams stood in for
+
+
+class FakeStream:
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.log.append((self.name, "waits", other.name))
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FakeStream) and other.name == self.name
+
+
+@pytest.fixture
+def cpu_streams(monkeypatch):
+    """torch.cuda's streams as FakeStreams ("user", "down"), what waited on what logged."""
+    log: list = []
+    user = FakeStream("user", log)
+    monkeypatch.setattr(step.torch.cuda, "current_stream", lambda device=None: user)
+    monkeypatch.setattr(step.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("recorded",
+                                                                                  s.name)))
+    return SimpleNamespace(log=log, down=FakeStream("down", log))
+
+
+def grads_down(params: list[torch.Tensor], down: FakeStream) -> step.GradsDown:
+    host = {p: torch.zeros_like(p) for p in params}
+    return step.GradsDown(params, down, host, dict(host))  # the view: the same memory
+
+
+def test_a_gradient_goes_down_as_backward_makes_it_and_grad_becomes_the_host_view(cpu_streams):
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(2))]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    down = grads_down(params, cpu_streams.down)
+    for ps in (ref, params):
+        ((ps[0].sum(0) * ps[1]).square().sum()).backward()
+    for p, r in zip(params, ref, strict=True):
+        assert p.grad.data_ptr() == down.host[p].data_ptr()  # .grad is the host memory
+        assert torch.equal(down.host_of(p), r.grad)
+    # each copy after the kernels that made it; the user's stream waits for all at the end
+    assert cpu_streams.log.count(("down", "waits", "user")) == 2
+    assert cpu_streams.log[-1] == ("user", "waits", "down") and not down.streams
+
+
+def test_accumulation_adds_into_the_host_view_in_place_and_copies_nothing(cpu_streams):
+    p = torch.nn.Parameter(torch.ones(4))
+    down = grads_down([p], cpu_streams.down)
+    (p * 2.0).sum().backward()
+    copies = cpu_streams.log.count(("recorded", "down"))
+    (p * 3.0).sum().backward()
+    assert torch.equal(down.host_of(p), torch.full((4,), 5.0))
+    assert cpu_streams.log.count(("recorded", "down")) == copies == 1
+    torch.nn.utils.clip_grad_norm_([p], 1.0)  # code between backward and step: in place
+    assert torch.allclose(down.host[p].norm(), torch.tensor(1.0))
+
+
+def test_a_gradient_replaced_after_backward_is_not_the_host_ones(cpu_streams):
+    p = torch.nn.Parameter(torch.ones(4))
+    down = grads_down([p], cpu_streams.down)
+    p.sum().backward()
+    p.grad = p.grad * 2  # a new tensor: the step must copy it down itself
+    assert down.host_of(p) is None
+    p.grad = None
+    assert down.host_of(p) is None
+
+
+def test_detached_hooks_leave_gradients_where_backward_puts_them(cpu_streams):
+    p = torch.nn.Parameter(torch.ones(4))
+    down = grads_down([p], cpu_streams.down)
+    down.detach()
+    p.sum().backward()
+    assert down.host_of(p) is None and not cpu_streams.log
+
+
+def test_grads_go_down_unless_switched_off_or_distributed(monkeypatch):
+    monkeypatch.delenv("UMPROV_MANAGED_GRADS_DOWN", raising=False)
+    monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: False)
+    assert step._grads_down_wanted()
+    monkeypatch.setenv("UMPROV_MANAGED_GRADS_DOWN", "0")
+    assert not step._grads_down_wanted()
+    monkeypatch.delenv("UMPROV_MANAGED_GRADS_DOWN")
+    monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: True)
+    assert not step._grads_down_wanted()

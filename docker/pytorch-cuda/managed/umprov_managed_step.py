@@ -6,7 +6,10 @@ to the host. A GPU step over spilled state reads and writes it across PCIe sever
 step. Here, an optimizer of a kind that updates each parameter on its own steps on the host
 instead: its state lives in host memory, each parameter has a pinned host copy (its master),
 gradients come down once and parameters go up once a step, chunk by chunk, so the copies
-overlap the CPU's work. A gradient that already sits on the host is read where it is.
+overlap the CPU's work. From the step after the first one on the host, each gradient goes
+down while backward still runs (``GradsDown``): copied into pinned host memory as soon as it is
+accumulated, its device memory freed at once, and ``.grad`` a CUDA view of that host memory,
+so code between backward and step (``clip_grad_norm_``) still reads and scales it in place.
 
 The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
 class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
@@ -16,9 +19,11 @@ brought back here at the next step. A parameter changed outside the optimizer (a
 loaded into the model) is read again from the GPU first (its version counter says so).
 
 UMPROV_MANAGED_HOST_STEP: ``auto`` (default: once the pool spills), ``0`` never, ``1``
-always (tests). Not used, and the step runs on the GPU as written: closures, GradScaler's
-fused step, capturable or differentiable optimizers, optimizers of other kinds (whose step
-may couple parameters), parameters off the GPU or sparse gradients.
+always (tests). UMPROV_MANAGED_GRADS_DOWN=0 leaves gradients on the GPU until the step (and
+under torch.distributed they always stay: DDP's reducer writes ``.grad`` after backward
+hooks, on its own schedule). Not used, and the step runs on the GPU as written: closures,
+GradScaler's fused step, capturable or differentiable optimizers, optimizers of other kinds
+(whose step may couple parameters), parameters off the GPU or sparse gradients.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
             return
         host = opt.__dict__["_umprov_host"] = HostStep(opt)
     elif not eligible(opt, args, kwargs):  # a closure once, say: the state goes back first
-        host.state_to_device()
+        host.leave()
         del opt.__dict__["_umprov_host"]
         return
     host.step()
@@ -111,6 +116,7 @@ class HostStep:
 
     def __init__(self, opt: torch.optim.Optimizer) -> None:
         self.opt = opt
+        self.grads_down: GradsDown | None = None
         self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
         self.masters: dict[torch.Tensor, torch.Tensor] = {}
         self.versions: dict[torch.Tensor, int] = {}
@@ -118,6 +124,14 @@ class HostStep:
         self.down, self.up = torch.cuda.Stream(), torch.cuda.Stream()  # both ways at once
         self.uploaded: torch.cuda.Event | None = None
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
+        if _grads_down_wanted():
+            self.grads_down = GradsDown.attach(opt, self.down)
+
+    def leave(self) -> None:
+        """Back to the device step: the state beside its parameters, backward's hooks gone."""
+        if self.grads_down is not None:
+            self.grads_down.detach()
+        self.state_to_device()
 
     def step(self) -> None:
         params = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
@@ -129,7 +143,7 @@ class HostStep:
         for stream in (self.down, self.up):  # backward's gradients are written
             stream.wait_stream(torch.cuda.current_stream())
         chunks = _chunks(params)
-        self._size_slots(params)
+        self._size_slots([p for p in params if self._host_grad(p) is None])
         waiting = [self._down(chunk, i % SLOTS) for i, chunk in enumerate(chunks[:SLOTS])]
         for i, chunk in enumerate(chunks):
             waiting[i].synchronize()
@@ -174,8 +188,15 @@ class HostStep:
                     if isinstance(value, torch.Tensor) and (key != "step" or on_device):
                         state[key] = value.to(p.device)
 
+    def _host_grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        """The gradient where backward already sent it (pinned host memory), if it did."""
+        return None if self.grads_down is None else self.grads_down.host_of(p)
+
     def _size_slots(self, params: list[torch.Tensor]) -> None:
-        """Pinned gradient slots, each as large as a chunk or the largest parameter."""
+        """Pinned gradient slots, each as large as a chunk or the largest parameter, where a
+        gradient still has to come down."""
+        if not params:
+            return
         need = max([CHUNK] + [_nbytes(p) for p in params])
         if not self.slots or self.slots[0].numel() < need:
             self.slots = [_pinned(need, torch.uint8, self.opt) for _ in range(SLOTS)]
@@ -183,16 +204,19 @@ class HostStep:
     def _down(self, chunk: list[torch.Tensor], slot: int) -> torch.cuda.Event:
         """The chunk's gradients to the host: read in place where they spilled, else copied
         into a pinned slot."""
-        buffer = self.slots[slot]
         at = 0
         with torch.cuda.stream(self.down):
             for p in chunk:
                 grad, master = p.grad, self.masters[p]
+                sent = self._host_grad(p)
+                if sent is not None:
+                    master.grad = sent
+                    continue
                 if _on_device(grad) == 0:
                     master.grad = _host_view(grad)
                     continue
                 nbytes = grad.numel() * grad.element_size()
-                view = buffer[at:at + nbytes].view(grad.dtype).view_as(grad)
+                view = self.slots[slot][at:at + nbytes].view(grad.dtype).view_as(grad)
                 view.copy_(grad, non_blocking=True)
                 master.grad = view
                 at += _nbytes(grad)
@@ -228,6 +252,105 @@ class HostStep:
                 p.detach().copy_(self.masters[p], non_blocking=True)
 
 
+class GradsDown:
+    """Gradients to pinned host memory while backward runs, as torchao's offload and
+    ZeRO-Offload move them, with ``.grad`` kept: a CUDA view of the same host memory."""
+
+    def __init__(self, params: list[torch.Tensor], down: torch.cuda.Stream,
+                 host: dict[torch.Tensor, torch.Tensor],
+                 alias: dict[torch.Tensor, torch.Tensor]) -> None:
+        self.down = down
+        self.host, self.alias = host, alias  # param -> pinned CPU tensor, its CUDA view
+        self.streams: set = set()  # the streams backward accumulated on, this pass
+        self.handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
+
+    @classmethod
+    def attach(cls, opt: torch.optim.Optimizer, down: torch.cuda.Stream) -> GradsDown | None:
+        """Pinned, mapped host memory for every gradient (one block a dtype), and the
+        hooks; None where the memory cannot be pinned and mapped (the step copies then)."""
+        params = [p for g in opt.param_groups for p in g["params"]
+                  if p.requires_grad and p.is_leaf and p.device.type == "cuda"]
+        host: dict[torch.Tensor, torch.Tensor] = {}
+        alias: dict[torch.Tensor, torch.Tensor] = {}
+        for dtype in {p.dtype for p in params}:
+            mine = [p for p in params if p.dtype == dtype]
+            flat = _pinned(sum(p.numel() for p in mine), dtype, opt, mapped=True)
+            device_flat = _device_view(flat, mine[0].device)
+            if device_flat is None:
+                return None
+            at = 0
+            for p in mine:
+                host[p] = flat[at:at + p.numel()].view_as(p)
+                alias[p] = device_flat[at:at + p.numel()].view_as(p)
+                at += p.numel()
+        return cls(params, down, host, alias)
+
+    def host_of(self, p: torch.Tensor) -> torch.Tensor | None:
+        grad, alias = p.grad, self.alias.get(p)
+        if grad is None or alias is None or grad.data_ptr() != alias.data_ptr():
+            return None
+        return self.host[p]
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _arrived(self, p: torch.Tensor) -> None:
+        """After backward accumulated ``p.grad``: it goes down behind the kernels that made
+        it, its device memory returns to the pool once copied, ``.grad`` is the host view."""
+        grad, alias = p.grad, self.alias[p]
+        if (grad is None or grad.data_ptr() == alias.data_ptr() or grad.is_sparse
+                or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()):
+            return  # accumulated in place into the view already, or not a plain gradient
+        stream = torch.cuda.current_stream(grad.device)
+        if not self.streams:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        self.streams.add(stream)
+        self.down.wait_stream(stream)
+        with torch.cuda.stream(self.down):
+            self.host[p].copy_(grad, non_blocking=True)
+        grad.record_stream(self.down)
+        p.grad = alias
+
+    def _backward_done(self) -> None:
+        """What runs after backward (clip_grad_norm_, the step) reads the gradients once
+        they are down."""
+        for stream in self.streams | {torch.cuda.current_stream()}:
+            stream.wait_stream(self.down)
+        self.streams = set()
+
+
+class _Mapped:
+    """Pinned host memory as a CUDA array (``__cuda_array_interface__``) for torch.as_tensor;
+    it holds the host tensor while a view of it lives."""
+
+    def __init__(self, pointer: int, nbytes: int, host: torch.Tensor) -> None:
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (pointer, False), "version": 3}
+
+
+def _device_view(flat: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A CUDA tensor over the pinned host memory of ``flat`` (kernels read it across the
+    bus), or None where it is not mapped."""
+    if not flat.numel():
+        return torch.empty(0, dtype=flat.dtype, device=device)
+    pointer = ctypes.c_void_p()
+    if _cudart().cudaHostGetDevicePointer(ctypes.byref(pointer),
+                                          ctypes.c_void_p(flat.data_ptr()), 0) != 0:
+        return None
+    nbytes = flat.numel() * flat.element_size()
+    raw = torch.as_tensor(_Mapped(int(pointer.value or 0), nbytes, flat), device=device)
+    return raw.view(flat.dtype)
+
+
+def _grads_down_wanted() -> bool:
+    if os.environ.get("UMPROV_MANAGED_GRADS_DOWN", "1") == "0":
+        return False
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     """The tensor's bytes rounded up to ALIGN: its room in a gradient slot."""
     return -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
@@ -253,13 +376,15 @@ def _host_view(tensor: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=tensor.dtype).view_as(tensor)
 
 
-def _pinned(numel: int, dtype: torch.dtype, owner: Any) -> torch.Tensor:
+def _pinned(numel: int, dtype: torch.dtype, owner: Any, mapped: bool = False) -> torch.Tensor:
     """Host memory of exactly this size, page-locked for the copy engines (PyTorch's pinned
-    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner."""
+    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner;
+    ``mapped``: kernels can address it too (cudaHostRegisterMapped)."""
     flat = torch.empty(numel, dtype=dtype)
     nbytes = flat.numel() * flat.element_size()
+    flags = 2 if mapped else 0
     if nbytes and _cudart().cudaHostRegister(ctypes.c_void_p(flat.data_ptr()),
-                                             ctypes.c_size_t(nbytes), 0) == 0:
+                                             ctypes.c_size_t(nbytes), flags) == 0:
         weakref.finalize(owner, _unpin, flat)
     return flat
 
