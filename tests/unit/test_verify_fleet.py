@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from umprov.verify.agent import busbw, gpu, libnvml, nvlink, processes, samples
+from umprov.verify.agent import busbw, gpuchild, libnvml, nvlink, processes, samples
 from umprov.verify.agent.burnin import parse_duration, plan
 from umprov.verify.agent.monitor import monitor_records, new_xids
 from umprov.verify.agent.nvml import Nvml
@@ -270,12 +270,13 @@ def test_bad_durations_name_the_value(text):
 
 # -- sizing under little free memory
 def test_buffers_follow_free_memory_and_checks_skip_rather_than_run_out():
-    assert gpu.share_of(140 * GiB, 2 * GiB, 0.04) == 2 * GiB
-    assert gpu.share_of(2 * GiB, 2 * GiB, 0.04) == 81 * MiB
-    assert gpu.skip_reason(512 * MiB, 20 * GiB) is None
-    why = gpu.skip_reason(512 * MiB, 600 * MiB)
+    assert gpuchild.share_of(140 * GiB, 2 * GiB, 0.04) == 2 * GiB
+    assert gpuchild.share_of(2 * GiB, 2 * GiB, 0.04) == 81 * MiB
+    assert gpuchild.skip_reason(512 * MiB, 20 * GiB) is None
+    why = gpuchild.skip_reason(512 * MiB, 600 * MiB)
     assert why == "skipped: needs 512 MiB and 256 MiB to spare, 600 MiB free on this GPU"
-    assert gpu.skip_reason(gpu.share_of(100 * MiB, GiB, 0.04), 100 * MiB)  # too small to time
+    assert gpuchild.skip_reason(gpuchild.share_of(100 * MiB, GiB, 0.04),
+                                100 * MiB)  # too small to time
 
 
 def test_the_nccl_sweep_stops_where_free_memory_does():
@@ -289,7 +290,7 @@ def test_the_burn_in_sizes_its_buffers_from_free_memory():
     roomy, tight = plan(140 * GiB, False, 2), plan(4 * GiB, False, 2)
     assert roomy["copy"] == GiB and roomy["nccl"] == 256 * MiB
     assert tight["copy"] < 200 * MiB and tight["nccl"] < 100 * MiB
-    assert gpu.skip_reason(plan(300 * MiB, False, 2)["total"], 300 * MiB)
+    assert gpuchild.skip_reason(plan(300 * MiB, False, 2)["total"], 300 * MiB)
 
 
 # -- the pair schedule

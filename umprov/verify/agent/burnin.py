@@ -18,13 +18,13 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from .gpu import share_of, skip_reason
+from .gpuchild import share_of, skip_reason
 from .profiles import select_profile
 from .runner import GiB, MiB, seconds_per_call
 from .schema import figure, record
 
 if TYPE_CHECKING:
-    from .nccl import Rank
+    from .group import Rank
 
 UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
 

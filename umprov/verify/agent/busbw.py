@@ -12,7 +12,7 @@ from .runner import GiB, MiB
 from .schema import figure
 
 if TYPE_CHECKING:
-    from .nccl import Rank
+    from .group import Rank
 
 KiB = 1 << 10
 SWEEP = (8 * KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB, 4 * GiB)

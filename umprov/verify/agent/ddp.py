@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .schema import record
 
 if TYPE_CHECKING:
-    from .nccl import Rank
+    from .group import Rank
 
 BATCH = 16
 

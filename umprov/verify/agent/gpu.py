@@ -6,78 +6,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .discover import device_identity
+from .gpuchild import GpuChild, share_of
 from .health import gpu_health
 from .managed import ManagedTests
-from .nvml import Nvml
-from .profiles import select_profile
 from .runner import (
     Emitter,
     GiB,
     HostLinkLock,
     MiB,
-    device_lock,
-    guarded,
     oom_skip,
     out_of_memory,
     seconds_per_call,
     wait_for_gate,
 )
-from .schema import figure, record
-
-HEADROOM = 256 * MiB  # left free beside a check's buffers (cuBLAS workspace, other children)
-MIN_BYTES = 16 * MiB  # smaller buffers time nothing worth judging
 
 
-def share_of(free: int, cap: int, share: float) -> int:
-    """A buffer of ``share`` of the free memory, at most ``cap``, in whole MiB."""
-    return int(min(cap, free * share)) // MiB * MiB
+class GpuChecks(GpuChild):
+    """The per-GPU child's checks, one after another on its GPU."""
 
-
-def skip_reason(nbytes: int, free: int) -> str | None:
-    """None when ``nbytes`` of buffers fit in ``free`` bytes with room to spare; else why the
-    check is skipped (never an out-of-memory error)."""
-    if nbytes >= MIN_BYTES and free >= nbytes + HEADROOM:
-        return None
-    return (f"skipped: needs {max(nbytes, MIN_BYTES) // MiB} MiB and {HEADROOM // MiB} MiB "
-            f"to spare, {free // MiB} MiB free on this GPU")
-
-
-class GpuChild:
     def __init__(self, em: Emitter, dev: int, opts: dict) -> None:
-        import torch
-
-        self.torch = torch
-        self.em = em
-        self.dev = dev
-        self.opts = opts
-        self.quick = bool(opts.get("quick"))
-        self.tgt = f"gpu{dev}"
-        self.lock = opts.get("lock")
-        torch.cuda.set_device(dev)
-        self.device = torch.device("cuda", dev)
-        info = device_identity(torch, dev)
-        # Each GPU is judged by its own model's profile (a mixed host stays right).
-        self.profile = select_profile(opts["profiles"], info["name"], opts.get("forced"))
-        em.facts(profile=self.profile["name"])
-        self.uuid, self.pci = info.get("uuid"), info.get("pci_bus_id")
-        self.dev_lock = device_lock(opts, dev)
-        self.nv = Nvml()
-        self.samples: list[dict] = []
-        self.figures: dict[str, float] = {}
+        super().__init__(em, dev, opts)
         self._mats: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
-
-    def rec(self, check: str, verdict: str, **kw: Any) -> None:
-        self.em.record(record("gpu", self.tgt, check, verdict, **kw))
-
-    def fig(self, check: str, measured: float | None, metric: str, **kw: Any) -> None:
-        self.em.record(figure("gpu", self.tgt, check, measured, metric, self.profile, **kw))
-
-    def sample(self) -> None:
-        if self.nv.kind != "none":
-            s = self.nv.sample(self.uuid, self.pci, self.dev)
-            if s:
-                self.samples.append(s)
 
     def run(self) -> None:
         g = self.guard
@@ -91,17 +40,6 @@ class GpuChild:
             g("gpu.pinned_copy", self.pinned_copy)
         g("managed.setup", self.managed)
         self.em.done()
-
-    def guard(self, check: str, fn: Any) -> Any:
-        return guarded(self.em, "gpu", self.tgt, check, fn)
-
-    def fits(self, check: str, nbytes: int) -> bool:
-        """Whether ``nbytes`` of buffers leave room on this GPU; else a skip record saying so
-        (another process may hold the memory: gpu.processes names it)."""
-        why = skip_reason(nbytes, self.torch.cuda.mem_get_info(self.dev)[0])
-        if why:
-            self.rec(check, "skip", detail=why)
-        return why is None
 
     # -- basic compute
     def smoke(self) -> None:
@@ -265,7 +203,7 @@ def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     em.event("mark", what="cuda init")
     try:
-        child = GpuChild(em, dev, opts)
+        child = GpuChecks(em, dev, opts)
     except Exception as exc:  # no CUDA context or first buffer: a busy GPU, not a broken one
         if not out_of_memory(exc):
             raise

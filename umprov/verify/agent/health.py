@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .gpu import GpuChild
+    from .gpuchild import GpuChild
 
     Rec = Callable[..., None]  # rec(check, verdict, **record fields)
 

@@ -16,7 +16,7 @@ from .cudart import CPU_DEVICE_ID, CudaRt, DevArray
 from .runner import HostLinkLock, MiB, seconds_per_call
 
 if TYPE_CHECKING:
-    from .gpu import GpuChild
+    from .gpuchild import GpuChild
 
 
 class ManagedTests:

@@ -12,7 +12,7 @@ import socket
 import time
 from typing import Any
 
-from .nccl import Group, init_process_group
+from .group import Group, init_process_group
 from .runner import Emitter, GiB, MiB
 
 

@@ -11,7 +11,7 @@ from .runner import MiB
 from .schema import figure, record
 
 if TYPE_CHECKING:
-    from .nccl import Rank
+    from .group import Rank
 
 
 def pair_rounds(world: int) -> list[list[tuple[int, int]]]:
