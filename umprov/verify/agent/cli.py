@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from .burnin import parse_duration
 from .profiles import BUILTIN_PROFILES
+from .report import write_report
 from .runner import DEFAULT_TIMEOUT, Emitter
 from .schema import EXIT_USAGE
 
@@ -203,15 +204,3 @@ def prepare(args: argparse.Namespace) -> Callable[[], dict]:
     from .host import Agent
 
     return Agent(args).run
-
-
-def write_report(path: str, doc: dict) -> None:
-    """To stdout ('-'), else whole or not at all (a temporary file, then a rename)."""
-    text = json.dumps(doc, indent=2, default=str)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text + "\n")
-    os.replace(tmp, path)

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from .profiles import profiles_for
+from .report import write_report
 from .scheduler import Hooks, SchedulerError, Slurm, run_command
 from .schema import host_report, record
 from .slurm import Action, decide, decide_hold, describe, failing
@@ -68,8 +69,6 @@ def check(sched: Slurm | Hooks, name: str, args: argparse.Namespace) -> int:
     action = decide(node, doc, gate=args.slurm_gate)
     act(sched, name, action, args.dry_run)
     if args.json:
-        from .cli import write_report
-
         write_report(args.json, doc)
     emit({"node": name, "mode": doc["mode"], "verdict": doc["verdict"],
           "exit_code": doc["exit_code"], "action": action.kind, "reason": action.reason,
