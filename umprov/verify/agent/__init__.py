@@ -26,9 +26,12 @@ health.py (NVML counters per GPU, driver and fabric per host), managed.py (unifi
 alloc.py (the cudaMallocAsync backend), nccl.py, pairs.py, busbw.py and ddp.py (collectives
 on the host), burnin.py (``--duration``), xid.py (Xid errors in the kernel log), processes.py
 (other processes on the GPUs), nvlink.py (links and error counters), multinode.py
-(collectives across hosts); probes of the driver in libnvml.py, nvml.py and cudart.py; the
-monitor child in monitor.py, its samples read in samples.py. docs/verify-checks.md lists every
-check with its verdict rules.
+(collectives across hosts); the types they share in gpuchild.py (one GPU as the per-GPU
+checks see it) and group.py (one rank of a process group); probes of the driver in libnvml.py,
+nvml.py and cudart.py; the monitor child in monitor.py, its samples read in samples.py; the
+report written out in report.py. Every import inside the package runs one way
+(tests/unit/test_layers.py checks it). docs/verify-checks.md lists every check with its verdict
+rules.
 
 Safety: NVLink multicast stays off in every child (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set where absent); managed
