@@ -1,8 +1,13 @@
 """The per-GPU child: compute checked against the CPU, GEMM rate, HBM and pinned-copy
-bandwidth; then NVML health (health.py) and managed memory (managed.py) on the same GPU."""
+bandwidth; then NVML health (health.py) and managed memory (managed.py) on the same GPU.
+
+The CPU's side of the exactness checks (CpuReferences) is computed in a thread from the moment
+torch is imported: it overlaps the wait for the CUDA gate and the CUDA context's start, and
+nothing on the CPU is timed."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -20,13 +25,60 @@ from .runner import (
     wait_for_gate,
 )
 
+SMOKE_N = 1 << 24  # int64 elements of the smoke kernel
+# Pinned copies: PCIe's DMA rate is flat from a few MiB on, so 256 MiB (8 timed copies each way,
+# about 40 ms at 55 GB/s) measures the link as 1 GiB did, without pinning and filling 1 GiB
+# first (most of the check's 0.8-0.9 s).
+PINNED_CAP = 256 * MiB
+
+
+def gemm_size(quick: bool) -> int:
+    """The side of the exactness checks' integer matrices."""
+    return 1024 if quick else 2048
+
+
+class CpuReferences:
+    """What the exactness checks compare with, made on the CPU in a thread of its own: the
+    integer matrices and their product (shared by the fp32 and bf16 checks) and the smoke
+    kernel's sum. ``get()`` waits for them; an error there is raised in the check."""
+
+    def __init__(self, torch: Any, dev: int, quick: bool) -> None:
+        self.torch, self.dev, self.size = torch, dev, gemm_size(quick)
+        self.mats: tuple[Any, Any, Any] | None = None
+        self.smoke_sum: int | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._compute, name="cpu-references",
+                                        daemon=True)
+        self._thread.start()
+
+    def _compute(self) -> None:
+        torch, size = self.torch, self.size
+        try:
+            gen = torch.Generator().manual_seed(1234 + self.dev)
+            a = torch.randint(-3, 4, (size, size), generator=gen).float()
+            b = torch.randint(-3, 4, (size, size), generator=gen).float()
+            # Small integers: every product and partial sum is exact in fp32 (< 2**24).
+            self.mats = (a, b, a @ b)
+            # the modulus makes a closed form awkward: the CPU computes the reference
+            self.smoke_sum = int(((torch.arange(SMOKE_N, dtype=torch.int64) * 3 + 1)
+                                  % 1000003).sum())
+        except BaseException as exc:  # noqa: BLE001 (raised again in the check that needs it)
+            self.error = exc
+
+    def get(self) -> CpuReferences:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self
+
 
 class GpuChecks(GpuChild):
     """The per-GPU child's checks, one after another on its GPU."""
 
-    def __init__(self, em: Emitter, dev: int, opts: dict) -> None:
+    def __init__(self, em: Emitter, dev: int, opts: dict,
+                 refs: CpuReferences | None = None) -> None:
         super().__init__(em, dev, opts)
-        self._mats: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
+        self.refs = refs
 
     def run(self) -> None:
         g = self.guard
@@ -45,36 +97,37 @@ class GpuChecks(GpuChild):
     def smoke(self) -> None:
         torch = self.torch
         t0 = time.perf_counter()
-        n = 1 << 24
+        n = SMOKE_N
         if not self.fits("gpu.smoke_kernel", 4 * 8 * n):
             return
         x = torch.arange(n, device=self.device, dtype=torch.int64)
         y = (x * 3 + 1) % 1000003
         total = int(y.sum().item())
-        # the modulus makes a closed form awkward: the CPU computes the reference
-        expected = int(((torch.arange(n, dtype=torch.int64) * 3 + 1) % 1000003).sum())
+        expected = self._refs().smoke_sum
         ok = total == expected
         ms = (time.perf_counter() - t0) * 1000
         self.rec("gpu.smoke_kernel", "pass" if ok else "fail", measured=ok,
                  detail=f"elementwise + reduction over {n} int64, {ms:.0f} ms"
                  + ("" if ok else f"; got {total}, expected {expected}"), hint="reset")
 
-    def _int_mats(self, m: int, k: int, n: int) -> tuple[Any, Any, Any]:
+    def _refs(self) -> CpuReferences:
+        """The CPU references, started here where the child did not start them earlier."""
+        if self.refs is None:
+            self.refs = CpuReferences(self.torch, self.dev, self.quick)
+        return self.refs.get()
+
+    def _int_mats(self) -> tuple[Any, Any, Any]:
         """Integer matrices and their product on the CPU, made once: the fp32 and the bf16
         checks share them (the CPU product is the slow part)."""
-        if (m, k, n) not in self._mats:
-            torch = self.torch
-            gen = torch.Generator().manual_seed(1234 + self.dev)
-            a = torch.randint(-3, 4, (m, k), generator=gen).float()
-            b = torch.randint(-3, 4, (k, n), generator=gen).float()
-            # Small integers: every product and partial sum is exact in fp32 (< 2**24).
-            self._mats[(m, k, n)] = (a, b, a @ b)
-        return self._mats[(m, k, n)]
+        mats = self._refs().mats
+        if mats is None:  # get() raised what stopped the thread; this is never reached
+            raise RuntimeError("no CPU reference matrices")
+        return mats
 
     def gemm_fp32_exact(self) -> None:
         torch = self.torch
-        size = 1024 if self.quick else 2048
-        a, b, ref = self._int_mats(size, size, size)
+        a, b, ref = self._int_mats()
+        size = a.shape[0]
         torch.backends.cuda.matmul.allow_tf32 = False
         got = (a.to(self.device) @ b.to(self.device)).cpu()
         bad = int((got != ref).sum())
@@ -85,8 +138,8 @@ class GpuChecks(GpuChild):
 
     def gemm_bf16_checked(self) -> None:
         torch = self.torch
-        size = 1024 if self.quick else 2048
-        a, b, ref = self._int_mats(size, size, size)
+        a, b, ref = self._int_mats()
+        size = a.shape[0]
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         got = (a.to(self.device, torch.bfloat16) @ b.to(self.device, torch.bfloat16)).float().cpu()
         want = ref.to(torch.bfloat16).float()  # one rounding of the exact sum
@@ -161,7 +214,7 @@ class GpuChecks(GpuChild):
     def pinned_copy(self) -> None:
         torch = self.torch
         free, _ = torch.cuda.mem_get_info(self.dev)
-        n = share_of(free, GiB, 0.02)
+        n = share_of(free, PINNED_CAP, 0.02)
         if not self.fits("pcie.h2d_pinned", n):
             return
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -200,10 +253,11 @@ def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
         em.event("absent", device=dev)
         em.done()
         return
+    refs = CpuReferences(torch, dev, bool(opts.get("quick")))  # CPU only: starts at once
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     em.event("mark", what="cuda init")
     try:
-        child = GpuChecks(em, dev, opts)
+        child = GpuChecks(em, dev, opts, refs)
     except Exception as exc:  # no CUDA context or first buffer: a busy GPU, not a broken one
         if not out_of_memory(exc):
             raise
