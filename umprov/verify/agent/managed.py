@@ -3,11 +3,17 @@ both sides; exact values after migrations, prefetch in both directions, memory a
 (preferred location, accessed-by, read-mostly) and concurrent CPU/GPU access.
 
 Buffers are never more than 3% of the free device memory: managed oversubscription can hang a
-shared GPU.
+shared GPU. Full mode's buffer is FULL_BYTES: 256 MiB is 128 of the driver's 2 MiB migration
+units each way and a few milliseconds of every timed transfer, on the flat part of its rate;
+1 GiB proved nothing more and cost a second, mostly the CPU faulting its pages in and out.
+Every timed transfer or read holds the host-link lock and this GPU's lock, as the other timed
+checks do: no other child's work (the oversubscription step's warm-up, NCCL's set-up, the
+allocator check) is on this GPU or the host link meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,7 +22,16 @@ from .cudart import CPU_DEVICE_ID, CudaRt, DevArray
 from .runner import HostLinkLock, MiB, seconds_per_call
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from .gpuchild import GpuChild
+
+QUICK_BYTES = 64 * MiB
+FULL_BYTES = 256 * MiB
+# managed.concurrent_access: GPU updates of one half while the CPU works on the other, as many
+# bytes in all as 400 passes over the 512 MiB half of the earlier 1 GiB buffer (about 0.14 s of
+# GPU work on an H100), whatever the buffer: several CPU passes still fall inside it.
+CONCURRENT_BYTES = 400 * 512 * MiB
 
 
 class ManagedTests:
@@ -37,7 +52,8 @@ class ManagedTests:
         if a83 != 1:
             return
         free, _ = torch.cuda.mem_get_info(self.dev)
-        want = int(gc.opts.get("managed_mib") or (64 if self.quick else 1024)) * MiB
+        want = int(gc.opts.get("managed_mib") or 0) * MiB or (
+            QUICK_BYTES if self.quick else FULL_BYTES)
         # Never more than 3% of what is free: managed oversubscription can hang a shared GPU.
         n = int(min(want, free * 0.03)) // (2 * MiB) * (2 * MiB)
         if n < 4 * MiB:  # another process may hold the memory: gpu.processes names it
@@ -88,6 +104,12 @@ class ManagedTests:
         return a83, a89
 
     # helpers
+    @contextlib.contextmanager
+    def _timing(self) -> Iterator[None]:
+        """The host link and this GPU to this check alone while it times something."""
+        with HostLinkLock(self.gc.lock), HostLinkLock(self.gc.dev_lock):
+            yield
+
     def _chunks(self, size: int = 16 * MiB) -> Any:
         for a in range(0, self.k, size):
             yield a, min(self.k, a + size)
@@ -121,7 +143,7 @@ class ManagedTests:
     def roundtrip(self) -> None:
         gc, torch = self.gc, self.torch
         self._cpu_fill(0)  # CPU writes: the pages are now host-resident
-        with HostLinkLock(gc.lock):
+        with self._timing():
             secs = self._timed(lambda: self.g.add_(1))  # GPU first touch: fault migration
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -140,12 +162,13 @@ class ManagedTests:
         n, ptr, dev = self.n, self.ptr, self.dev
         rt.prefetch(ptr, n, CPU_DEVICE_ID)
         torch.cuda.synchronize()
-        with HostLinkLock(gc.lock):
+        with self._timing():
             up = n / self._timed(lambda: rt.prefetch(ptr, n, dev)) / 1e9
         loc_dev = rt.range_attr(ptr, n, "last_prefetch")
-        resident_bw, total = self._gpu_read()
-        resident_bw = max(resident_bw, self._gpu_read()[0])
-        with HostLinkLock(gc.lock):
+        with self._timing():
+            resident_bw, total = self._gpu_read()
+            resident_bw = max(resident_bw, self._gpu_read()[0])
+        with self._timing():
             down = n / self._timed(lambda: rt.prefetch(ptr, n, CPU_DEVICE_ID)) / 1e9
         loc_host = rt.range_attr(ptr, n, "last_prefetch")
         bad = self._cpu_mismatches(1)
@@ -177,7 +200,7 @@ class ManagedTests:
         rt.prefetch(ptr, n, CPU_DEVICE_ID)
         torch.cuda.synchronize()
         pref = rt.range_attr(ptr, n, "preferred")
-        with HostLinkLock(gc.lock):
+        with self._timing():
             self._gpu_read()
             bw, total = self._gpu_read()  # second read: still remote if nothing migrated
         rt.advise(ptr, n, "unset_accessed_by", dev)
@@ -208,11 +231,13 @@ class ManagedTests:
         rt.advise(ptr, n, "read_mostly", dev)
         torch.cuda.synchronize()
         flag = rt.range_attr(ptr, n, "read_mostly")
-        self._gpu_read()  # faults create read-only copies on the GPU
-        dup_bw, total = max(self._gpu_read(), self._gpu_read())
+        with self._timing():
+            self._gpu_read()  # faults create read-only copies on the GPU
+            dup_bw, total = max(self._gpu_read(), self._gpu_read())
         # The CPU reads too: with read-mostly nothing is invalidated, the GPU copy stays.
         cpu_sum = int(self.c[: 1 << 20].sum(dtype=torch.int64))
-        again_bw, _ = self._gpu_read()
+        with self._timing():
+            again_bw, _ = self._gpu_read()
         # A CPU write must invalidate the copies: the GPU then sees the new values.
         self.c[: 1 << 20] += 1
         _bw, after = self._gpu_read()
@@ -243,7 +268,7 @@ class ManagedTests:
         torch.cuda.synchronize()
         before = int(a.sum().item())
         # Enough GPU work on managed pages to outlast several CPU passes over the other half.
-        reps = 200 if self.quick else 400
+        reps = 200 if self.quick else concurrent_reps(half * 4)
         done = torch.cuda.Event()
         for _ in range(reps):
             a.add_(1)
@@ -268,3 +293,10 @@ class ManagedTests:
                detail=f"CPU wrote and read one half {passes} times, {busy_passes} of them "
                f"while GPU kernels updated the other half; GPU values "
                f"{'exact' if gpu_ok else 'WRONG'}, CPU values {'exact' if cpu_ok else 'WRONG'}")
+
+
+def concurrent_reps(half_bytes: int) -> int:
+    """Full mode's GPU updates of a half of ``half_bytes``: CONCURRENT_BYTES in all, at least
+    400 (the earlier count) and at most 4000 (a small buffer on a crowded GPU: launches, not
+    bytes, would then take the time)."""
+    return min(4000, max(400, CONCURRENT_BYTES // max(half_bytes, 1)))
