@@ -1,13 +1,15 @@
 """The discover child: versions, the devices torch sees, NVML facts per GPU.
 
 It runs with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, so it checks that allocator
-backend too once the facts are out (alloc.py).
+backend too once the devices are out (alloc.py), while a thread reads NVML's facts (the driver's
+calls, not the GPU's work: ctypes lets the check run meanwhile).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from typing import Any
 
 from .alloc import alloc_checks
@@ -27,12 +29,17 @@ def child_discover(em: Emitter, opts: dict) -> None:
              torch=facts["torch"], torch_cuda_build=facts["torch_cuda_build"],
              cuda_available=facts["cuda_available"])
     _runtime_facts(torch, facts)
-    _nvml_facts(facts, devices)
     em.facts(**facts)
+    nvml_facts: dict[str, Any] = {}  # the thread's own: facts above are out already
+    nvml = threading.Thread(target=_nvml_facts, args=(nvml_facts, devices), name="nvml-facts",
+                            daemon=True)
+    nvml.start()
     # This child was started with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync for this.
     if devices:
         wait_for_gate(em, opts.get("cuda_gate"))  # its CUDA contexts come after the list
         alloc_checks(em, torch, opts)
+    nvml.join()
+    em.facts(**nvml_facts)
     em.done()
 
 
@@ -79,7 +86,14 @@ def _runtime_facts(torch: Any, facts: dict[str, Any]) -> None:
 
 
 def _nvml_facts(facts: dict[str, Any], devices: list[dict]) -> None:
-    """The driver's view of the system and of each device torch sees."""
+    """The driver's view of the system and of each device torch sees (an error is a fact)."""
+    try:
+        _read_nvml(facts, devices)
+    except Exception as exc:  # a thread's error would be lost: the report says it
+        facts["nvml_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _read_nvml(facts: dict[str, Any], devices: list[dict]) -> None:
     nv = Nvml()
     facts["nvml"] = nv.system()
     facts["nvml_error"] = nv.error if nv.kind != "nvml" else ""
