@@ -88,6 +88,27 @@ def test_every_check_passes_on_a_healthy_host(agent, tmp_path, gpu_count):
     assert doc["samples"] and {s["gpu"] for s in doc["samples"]} == set(range(gpu_count))
 
 
+def test_collectives_follow_the_per_gpu_checks_and_the_buffers_say_their_sizes(agent, tmp_path,
+                                                                              gpu_count):
+    """Full mode (issue 38): the ranks' first collective starts only once every per-GPU and
+    oversubscription child has finished its checks; pinned copies and managed memory use
+    256 MiB on an idle GPU of 80 GB or more."""
+    _rc, doc, _ = run_agent(agent, tmp_path, name="order")
+    t = doc["timings"]
+
+    def ends(prefix: str) -> list[float]:
+        return [max(x["start_s"] + x["seconds"] for x in t if x["child"] == c)
+                for c in {x["child"] for x in t} if c.startswith(prefix)]
+
+    first = min(x["start_s"] for x in t if x["name"] == "nccl.all_reduce_f32")
+    assert first >= max(ends("gpu") + ends("oversub")) - 0.01, t
+    assert {"agent.wait_per_gpu_checks", "agent.wait_per_gpu_exit"} <= {x["name"] for x in t}
+    for i in range(gpu_count):
+        (h2d,) = [r for r in by_check(doc, "pcie.h2d_pinned") if r["target"] == f"gpu{i}"]
+        (rt,) = [r for r in by_check(doc, "managed.roundtrip_exact") if r["target"] == f"gpu{i}"]
+        assert h2d["detail"].startswith("256 MiB") and "256 MiB" in rt["detail"], (h2d, rt)
+
+
 def test_expected_gpu_count_above_the_real_one_fails(agent, tmp_path, gpu_count):
     rc, doc, _ = run_agent(agent, tmp_path, "--quick", "--expected-gpus", str(gpu_count + 1),
                            name="count")

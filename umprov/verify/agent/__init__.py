@@ -17,7 +17,10 @@ finish in time is killed with its whole process group and its check is reported 
 reason "timeout", so one hung GPU cannot hang the run. The children start together; the
 monitor child (NVML and the kernel log, no torch) lists the GPUs' processes before any other
 child creates a CUDA context. Timed host-link transfers of the per-GPU children take a file
-lock, so GPUs measured in parallel do not share the host's memory bandwidth while timed.
+lock, so GPUs measured in parallel do not share the host's memory bandwidth while timed, and
+every timed window on a GPU takes that GPU's lock too: work of other children that times
+nothing (NCCL's set-up, the allocator check, the oversubscription step's warm-up) runs between
+those windows, never in one.
 Across hosts, torchrun starts ``--child multinode`` once per GPU of every host (multinode.py
 here; umprov/verify/multinode.py drives it).
 

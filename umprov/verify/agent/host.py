@@ -2,12 +2,15 @@
 
 Every child starts at once (each pays seconds for Python, torch and CUDA; none waits for
 another's start-up): ``monitor`` (NVML and the kernel log, no torch), ``discover`` (versions,
-devices; then the cudaMallocAsync backend), one ``gpu`` child per GPU and one ``nccl`` rank
-per GPU, the last two on a guess of the GPU count that discover corrects. No child creates a
-CUDA context before the monitor has listed the GPUs' processes (the cuda gate), so every
-process listed is someone else's. The ranks set up NCCL meanwhile and, in full mode, wait at
-the gate the parent opens when the per-GPU checks are done; a burn-in (``--duration``) runs in
-the ranks after that. No GPU is a failing record with every reason found, never a pass.
+devices; then the cudaMallocAsync backend), one ``gpu`` child per GPU, one ``nccl`` rank per
+GPU and, in full mode, one ``oversub`` child per GPU (managed.oversubscription), the last
+three on a guess of the GPU count that discover corrects. No child creates a CUDA context
+before the monitor has listed the GPUs' processes (the cuda gate), so every process listed is
+someone else's. The ranks set up NCCL meanwhile and, in full mode, wait at the gate the parent
+opens when the per-GPU checks are done (their exact-value checks run while the per-GPU
+children exit), then at a second one, opened once those children have ended, for the timed
+collectives; a burn-in (``--duration``) runs in the ranks after that. No GPU is a failing
+record with every reason found, never a pass.
 
 The report's ``timings`` say where the time went (each child's start-up, checks and waits;
 the parent's own phases) and ``samples`` what the monitor read along the way.
@@ -33,7 +36,7 @@ from .pairs import pair_records
 from .precheck import guess_gpu_count, no_gpu_reasons, precheck
 from .processes import name_other_processes
 from .profiles import profiles_for, select_profile
-from .runner import Child, child_env, open_gate, self_command, wait_all
+from .runner import Child, child_env, open_gate, self_command, wait_all, wait_done
 from .samples import by_gpu, progress_line
 from .schema import host_report, record
 
@@ -154,20 +157,21 @@ class Agent:
                            self.workdir, check="host.discover")
         # A child whose device does not exist says so and exits; a low guess is topped up.
         gpu_children = {i: self._gpu_child(i, threads) for i in range(guess or 0)}
+        # Full mode: one managed.oversubscription child per GPU, let in to its timed steps
+        # when its GPU's per-GPU child has finished (tick), before the collectives.
+        oversub = {} if self.quick else {i: self._oversub_child(i, threads)
+                                         for i in range(guess or 0)}
         gate = self.path("nccl.gate")
         ranks: list[Child] = self.start_nccl(guess, threads, gate) if guess else []
         with self.phase("agent.wait_for_devices"):
             found = disc_child.wait_for("devices", tick=self.tick)
         devices = (found or {}).get("devices") or []
         if not devices:
-            self._no_devices(pre, disc_child, found, [*gpu_children.values(), *ranks])
+            self._no_devices(pre, disc_child, found,
+                             [*gpu_children.values(), *oversub.values(), *ranks])
             return
         self.devices = devices
-        ranks = self._fit(gpu_children, ranks, guess or 0, len(devices), threads, gate)
-        # Full mode: one managed.oversubscription child per GPU, let in when its GPU's per-GPU
-        # child has ended (tick), before the collectives.
-        oversub = {} if self.quick else {i: self._oversub_child(i, threads)
-                                         for i in range(len(devices))}
+        ranks = self._fit(gpu_children, oversub, ranks, guess or 0, len(devices), threads, gate)
         self.oversub_after = {i: gpu_children[i] for i in oversub}
         self._wait(disc_child, [*gpu_children.values(), *oversub.values()], ranks, gate)
         self._end_monitor()
@@ -186,15 +190,21 @@ class Agent:
             self.no_gpu(pre, disc)
         self._end_monitor()
 
-    def _fit(self, gpu_children: dict[int, Child], ranks: list[Child], guess: int, world: int,
-             threads: int, gate: str) -> list[Child]:
-        """One per-GPU child per device and ``world`` ranks, whatever the guess was."""
+    def _fit(self, gpu_children: dict[int, Child], oversub: dict[int, Child],
+             ranks: list[Child], guess: int, world: int, threads: int,
+             gate: str) -> list[Child]:
+        """One per-GPU child (and in full mode one oversubscription child) per device and
+        ``world`` ranks, whatever the guess was."""
         for i in range(world, guess):
-            extra = gpu_children.pop(i)  # a guess too high: those children are not results
-            extra.kill()
-            self.pids.add(extra.proc.pid)
+            # a guess too high: those children are not results
+            for extra in (gpu_children.pop(i), oversub.pop(i, None)):
+                if extra is not None:
+                    extra.kill()
+                    self.pids.add(extra.proc.pid)
         for i in range(guess, world):
             gpu_children[i] = self._gpu_child(i, threads)
+            if not self.quick:
+                oversub[i] = self._oversub_child(i, threads)
         if len(ranks) != world:
             for c in ranks:
                 c.kill()
@@ -205,7 +215,9 @@ class Agent:
     def _wait(self, disc_child: Child, gpu_children: list[Child], ranks: list[Child],
               gate: str) -> None:
         """Per-GPU checks, then the gate, then the collectives (and the burn-in); in quick mode
-        the collectives run meanwhile, unjudged."""
+        the collectives run meanwhile, unjudged. The ranks' exact-value checks start when the
+        per-GPU children have finished their checks; their timed ones when those have
+        ended."""
         self.ranks = ranks
         phase2 = [disc_child, *gpu_children]
         if self.quick and not self.duration:
@@ -213,10 +225,13 @@ class Agent:
                 wait_all(phase2 + ranks, groups=[ranks], tick=self.tick)
             return
         with self.phase("agent.wait_per_gpu_checks"):
-            wait_all(phase2, tick=self.tick)
+            wait_done(phase2, tick=self.tick)
         open_gate(gate)
         for c in ranks:  # their own deadline counts from now
             c.deadline = max(c.deadline, time.monotonic() + self.timeout + self.duration)
+        with self.phase("agent.wait_per_gpu_exit"):
+            wait_all(phase2, tick=self.tick)
+        open_gate(timed_gate_path(gate))
         with self.phase("agent.wait_collectives"):
             wait_all(ranks, groups=[ranks], tick=self.tick)
 
@@ -228,7 +243,7 @@ class Agent:
             open_gate(self.path("cuda.gate"))
         for i, gpu_child in list(self.oversub_after.items()):
             # its last check done (its CUDA context may still be closing), or it ended
-            if gpu_child.poll() or any(e.get("ev") == "done" for e in gpu_child.events()):
+            if gpu_child.finished():
                 del self.oversub_after[i]
                 open_oversub_gate(gate_path(self.workdir, i), _h2d_rate(gpu_child))
         now = time.monotonic()
@@ -320,7 +335,7 @@ class Agent:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self._write_opts(world=world, port=port, gate=gate,
+        self._write_opts(world=world, port=port, gate=gate, timed_gate=timed_gate_path(gate),
                          nccl_backend=os.environ.get("UMPROV_VERIFY_NCCL_BACKEND", "nccl"))
         return [
             Child(f"nccl{r}", self.argv("nccl", "--rank", str(r)), child_env(threads=threads),
@@ -359,6 +374,11 @@ class Agent:
             self.host("host.gpu_count", "fail", measured=0, unit="GPUs",
                       limit=self.args.expected_gpus, hint=hint,
                       detail=f"expected {self.args.expected_gpus}, none visible")
+
+
+def timed_gate_path(gate: str) -> str:
+    """The ranks' second gate, beside the first: the timed collectives may start."""
+    return f"{gate}.timed"
 
 
 def _h2d_rate(gpu_child: Child) -> float | None:

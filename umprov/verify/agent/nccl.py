@@ -7,7 +7,10 @@ DistributedDataParallel step (ddp.py) and, with ``--duration``, the burn-in (bur
 The ranks start with the per-GPU children; once the monitor child has listed the GPUs'
 processes they set up the process group, NCCL's communicator and the DDP model (no data moves)
 while the per-GPU checks run, then in full mode wait at a gate, so no collective runs while
-per-GPU bandwidth is measured.
+per-GPU bandwidth is measured. The parent opens it when every per-GPU child has finished its
+checks; the exact-value checks and the DDP step (nothing timed) then run while those children
+exit, and the timed ones (send/recv, bus bandwidth, the burn-in) wait at a second gate, opened
+once they have exited.
 """
 
 from __future__ import annotations
@@ -63,10 +66,10 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
         em.record(oom_skip("host", "host", "nccl.init", exc, "for NCCL's communicator"))
         em.done()
         return
-    gate = opts.get("gate")
+    gate, timed_gate = opts.get("gate"), opts.get("timed_gate")
     if gate and not r.quick:
         em.start("nccl.wait_for_gpu_checks", "host")
-        wait_for_gate(em, gate, float("inf"))  # the parent opens it when the GPUs are free
+        wait_for_gate(em, gate, float("inf"))  # the parent opens it when the checks are done
     nccl_v = ""
     if not r.cpu:
         with contextlib.suppress(Exception):
@@ -74,20 +77,27 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     r.emit("nccl.init", "pass", measured=round(init_s, 2), unit="s",
            detail=f"{r.backend} {nccl_v} process group of {r.world} rank(s) over loopback{r.one}")
     exact_collectives(r)
-    send_recv_pairs(r)
-    bus_bandwidth(r)
     if ddp_state is not None:  # all ranks must end with identical parameters
         em.start("ddp.step", "host")
         ddp_step(r, ddp_state)
     seconds = float(opts.get("duration") or 0)
+    # Timed from here: with one rank nothing is, before a burn-in
+    if (r.world > 1 and not r.quick) or seconds > 0:
+        _wait_timed(r, timed_gate or gate)
+    send_recv_pairs(r)
+    bus_bandwidth(r)
     if seconds > 0:
-        if gate and r.quick:
-            em.start("nccl.wait_for_gpu_checks", "host")
-            wait_for_gate(em, gate, float("inf"))
         burn_in(r, seconds)
     em.done()
     with contextlib.suppress(Exception):
         r.dist.destroy_process_group()
+
+
+def _wait_timed(r: Rank, gate: str | None) -> None:
+    """The gate of the timed collectives: every per-GPU child of the agent has ended."""
+    if gate:
+        r.em.start("nccl.wait_for_gpu_checks", "host")
+        wait_for_gate(r.em, gate, float("inf"))
 
 
 def exact_collectives(r: Rank) -> None:

@@ -1,10 +1,14 @@
 """``managed.oversubscription``: a training step whose working set is many times the device
 memory it may use, under umprov's managed-memory allocator (the image's ``umprov_managed``).
 
-One child per GPU, in full mode. It imports torch with the others, then waits at a gate the
-parent opens when that GPU's per-GPU child has ended (no other child of the agent times
-anything on the GPU meanwhile); the gate file carries that child's pinned host-to-device rate,
-the PCIe floor's denominator.
+One child per GPU, in full mode, started with the others on the parent's guess of the GPU
+count. Once torch, its optimizer and the CUDA context are up it builds the model and takes
+the first step (the warm-up: allocations, host pages, cuBLAS, the optimizer's state), holding
+the host-link lock and this GPU's lock, as every timed check of the other children does: it
+runs between their timed windows, never in one. Then it waits at a gate the parent opens when
+that GPU's per-GPU child has finished (no other child of the agent times anything on the GPU
+meanwhile) and times the remaining steps; the gate file carries that child's pinned
+host-to-device rate, the PCIe floor's denominator.
 
 The allocator gets a device budget of BUDGET bytes; the model is SHARDS identical linear
 layers trained with Adam, weights, gradients and both moments OVERSUB times the budget, so
@@ -83,8 +87,8 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
                          "carries it (docs/managed-memory.md)"))
         em.done()
         return
-    # Before the gate, nothing that runs on the GPU: torch.optim's first step imports
-    # torch's compiler stack (a second), and a CUDA context costs memory, not GPU time.
+    # Before the CUDA gate, nothing that touches the GPU: torch.optim's first step imports
+    # torch's compiler stack (a second), imported here meanwhile.
     em.event("mark", what="import torch.optim")
     import torch._dynamo  # noqa: F401
     import torch.optim  # noqa: F401
@@ -103,25 +107,36 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     # the GPU's kernels over spilled memory, the path this check times against PCIe: the
     # optimizer's host step (umprov_managed_step) is the CPU's and bench/managed_peers.py's
     os.environ["UMPROV_MANAGED_HOST_STEP"] = "0"
+    if dev >= torch.cuda.device_count():  # started on a guess that was too high
+        em.event("absent", device=dev)
+        em.done()
+        return
     umprov_managed.enable(budget=budget, reserve=0)
     torch.cuda.set_device(dev)
     torch.cuda.init()
     name = torch.cuda.get_device_name(dev)
     gate = gate_path(os.path.dirname(opts["lock"]), dev)
-    wait_for_gate(em, gate, float(opts.get("timeout") or 300))
-    h2d = _gate_rate(gate)
     profile = select_profile(opts["profiles"], name, opts.get("forced"))
     n = layer_size(budget)
     working = SHARDS * 4 * n * n * 4
+    # Free memory now, where the managed memory is asked for (the other children hold theirs).
     why = _no_room(torch, dev, working)
-    em.start(CHECK, target)
     if why:
         em.record(record("gpu", target, CHECK, "skip", detail=f"skipped: {why}"))
         em.done()
         return
+    locks = (opts.get("lock"), device_lock(opts, dev))
     try:
-        with HostLinkLock(opts.get("lock")), HostLinkLock(device_lock(opts, dev)):
-            result = _train(torch, torch.device("cuda", dev), n)
+        em.event("mark", what="oversubscription warm-up step")
+        with HostLinkLock(locks[0]), HostLinkLock(locks[1]):  # between others' timed windows
+            training = Training(torch, torch.device("cuda", dev), n)
+            training.step()
+        wait_for_gate(em, gate, float(opts.get("timeout") or 300))
+        em.start(CHECK, target)
+        with HostLinkLock(locks[0]), HostLinkLock(locks[1]):
+            for _ in range(STEPS - 1):
+                training.step()
+        result = training.result()
     except Exception as exc:
         if not out_of_memory(exc):
             raise
@@ -130,6 +145,7 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
                          f"{working // MiB} MiB working set: {str(exc).splitlines()[0][:200]}"))
         em.done()
         return
+    h2d = _gate_rate(gate)
     stats = umprov_managed.stats()
     if h2d is None:
         h2d = profile.get("expect", {}).get("h2d_gbps")
@@ -161,32 +177,51 @@ def _no_room(torch: Any, dev: int, working: int) -> str | None:
     return None
 
 
-def _train(torch: Any, device: Any, n: int) -> dict:
-    """STEPS Adam steps over SHARDS identical layers; seconds of the timed steps, and whether
-    every layer ended bit-identical to the first."""
-    gen = torch.Generator(device=device).manual_seed(2024)
-    first = torch.randn(n, n, device=device, generator=gen) / math.sqrt(n)
-    weights = [first] + [first.clone() for _ in range(SHARDS - 1)]
-    params = [torch.nn.Parameter(w) for w in weights]
-    x = torch.randn(BATCH, n, device=device, generator=gen)
-    opt = torch.optim.Adam(params, lr=1e-3)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    losses = []
-    for _ in range(STEPS):
-        sync()
+class Training:
+    """Adam over SHARDS identical layers: built, then stepped; the first step (the warm-up) is
+    reported, the others timed."""
+
+    def __init__(self, torch: Any, device: Any, n: int) -> None:
+        self.torch = torch
+        gen = torch.Generator(device=device).manual_seed(2024)
+        first = torch.randn(n, n, device=device, generator=gen) / math.sqrt(n)
+        weights = [first] + [first.clone() for _ in range(SHARDS - 1)]
+        self.params = [torch.nn.Parameter(w) for w in weights]
+        self.x = torch.randn(BATCH, n, device=device, generator=gen)
+        self.opt = torch.optim.Adam(self.params, lr=1e-3)
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def step(self) -> None:
+        self.sync()
         t0 = time.perf_counter()
-        loss = sum((x @ p).tanh().square().mean() for p in params)
+        loss = sum((self.x @ p).tanh().square().mean() for p in self.params)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        sync()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
-    differ = sum(0 if torch.equal(p, params[0]) else 1 for p in params[1:])
-    timed = times[1:]
-    return {"step_s": round(sum(timed) / len(timed), 4), "first_step_s": round(times[0], 4),
-            "layers_differing": differ, "loss_first": losses[0], "loss_last": losses[-1]}
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+        self.sync()
+        self.times.append(time.perf_counter() - t0)
+        self.losses.append(float(loss.item()))
+
+    def result(self) -> dict:
+        """Seconds of the timed steps (all after the first), and whether every layer ended
+        bit-identical to the first."""
+        params = self.params
+        differ = sum(0 if self.torch.equal(p, params[0]) else 1 for p in params[1:])
+        timed = self.times[1:]
+        return {"step_s": round(sum(timed) / len(timed), 4),
+                "first_step_s": round(self.times[0], 4), "layers_differing": differ,
+                "loss_first": self.losses[0], "loss_last": self.losses[-1]}
+
+
+def _train(torch: Any, device: Any, n: int) -> dict:
+    """STEPS Adam steps over SHARDS identical layers, one after another (the CPU test's way;
+    the child takes the first before its gate and the others after it)."""
+    training = Training(torch, device, n)
+    for _ in range(STEPS):
+        training.step()
+    return training.result()
 
 
 def judge_oversub(target: str, result: dict, stats: dict, h2d: float | None, profile: dict,

@@ -247,6 +247,11 @@ class Child:
             return True
         return False
 
+    def finished(self) -> bool:
+        """Its last check done ("done" written; its CUDA context may still be closing), or it
+        ended (or was killed at its deadline)."""
+        return self.poll() or any(e.get("ev") == "done" for e in self.events())
+
     def wall(self) -> float:
         return round((self.ended or time.monotonic()) - self.started, 2)
 
@@ -393,6 +398,17 @@ def wait_all(children: list[Child], groups: list[list[Child]] | None = None,
         if not pending:
             return
         time.sleep(0.05)
+
+
+def wait_done(children: list[Child], tick: Any = None) -> None:
+    """Wait until every child has finished its checks (``Child.finished``), not for their
+    exit; deadlines hold as in ``wait_all``."""
+    while True:
+        if tick is not None:
+            tick()
+        if all([c.finished() for c in children]):  # noqa: C419 (poll each: deadlines)
+            return
+        time.sleep(0.02)
 
 
 def seconds_per_call(torch: Any, fn: Any, iters: int, warmup: int = 1,
