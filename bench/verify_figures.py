@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _common import save  # noqa: E402
+from _common import RESULTS, save  # noqa: E402
 
 from umprov.verify.agent.runner import child_env  # noqa: E402
 from umprov.verify.bundle import agent_zipapp  # noqa: E402
@@ -290,14 +290,21 @@ def main() -> None:
     env = managed_env(plain_env)
     agent_env = child_env()  # what the agent's children get: its bytecode cache among it
 
-    def say(text: str) -> None:
+    partial: dict = {}
+
+    def say(text: str, **found: object) -> None:
+        """Progress on stderr, and what is known so far in verify_figures.partial.json (a
+        run stopped at its time limit still leaves it)."""
         print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
+        partial.update(found)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "verify_figures.partial.json").write_text(json.dumps(partial, indent=1))
 
     run_agent(agent, env)  # warm-up: page cache, bytecode cache
     _, first = run_agent(agent, env)
     gpus = per_gpu(first)
     before = plain(gpus, env)
-    say(f"plain loops before: {before}")
+    say(f"plain loops before: {before}", before=before, first_timings=first.get("timings"))
     runs, docs = [], []
     for _ in range(args.runs):
         wall, doc = run_agent(agent, env)
@@ -305,7 +312,7 @@ def main() -> None:
         runs.append({"wall_s": round(wall, 2), "agent_wall_s": doc.get("wall_s"),
                      "verdict": doc.get("verdict"), "problems": problems(doc),
                      "gpus": per_gpu(doc)})
-        say(f"full: {wall:.2f} s, {doc.get('verdict')}")
+        say(f"full: {wall:.2f} s, {doc.get('verdict')}", runs=runs)
     after = plain(gpus, env)
     baseline = {g: {k: max(before[g][k], after[g][k]) for k in ("bf16_tflops", "hbm_copy_gbps")}
                 for g in before}
@@ -315,12 +322,13 @@ def main() -> None:
         quick.append({"wall_s": round(wall, 2), "agent_wall_s": doc.get("wall_s"),
                       "verdict": doc.get("verdict"), "problems": problems(doc)})
         qdocs.append(doc)
-        say(f"quick: {wall:.2f} s, {doc.get('verdict')}")
+        say(f"quick: {wall:.2f} s, {doc.get('verdict')}", quick_runs=quick)
     floors = floor(args.floor, plain_env, agent_env) if args.floor else {}
-    say(f"floor: {json.dumps(floors)}")
+    say(f"floor: {json.dumps(floors)}", floor=floors, after=after)
     ab_result = ab(args.old, agent, env, args.ab) if args.old else {}
+    say(f"ab: {json.dumps(ab_result)}", ab=ab_result)
     cold_result = cold(args.cold, agent, env, agent_env)
-    say(f"cold: {json.dumps(cold_result)}")
+    say(f"cold: {json.dumps(cold_result)}", cold=cold_result)
     full_walls = [r["wall_s"] for r in runs]
     quick_walls = [q["wall_s"] for q in quick]
     figures = figure_summary(runs, baseline)
