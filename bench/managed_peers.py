@@ -12,8 +12,8 @@ wrapping:
 - pool: ``UMPROV_MANAGED_MEMORY=1`` (the image's hook), the optimizer as written;
 - pool_gpu_step: the same with ``UMPROV_MANAGED_HOST_STEP=0``: the pool before the host step
   (the issue's baseline: the GPU's kernels over spilled state);
-- pool_grads_kept: the host step with ``UMPROV_MANAGED_GRADS_DOWN=0``: gradients stay in the
-  pool until the step (the host step before gradients went down during backward);
+- pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down to
+  pinned host memory during backward (opt-in: slower so far);
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 
@@ -136,7 +136,7 @@ def run_child(library: Path, timeout: float, **run: object) -> dict:
            "UMPROV_MANAGED_MEMORY": "1" if str(run["how"]).startswith("pool") else "0",
            "UMPROV_MANAGED_HOST_STEP": {"pool_gpu_step": "0", "pool_host_step": "1"}.get(
                str(run["how"]), "auto"),
-           "UMPROV_MANAGED_GRADS_DOWN": "0" if run["how"] == "pool_grads_kept" else "1"}
+           "UMPROV_MANAGED_GRADS_DOWN": "1" if run["how"] == "pool_grads_down" else "0"}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(run)], env=env,
@@ -154,7 +154,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
     big = {"layers": args.layers, "steps": args.steps}
     runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
             for dtype, optim, hows in (
-                ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_kept", "pool",
+                ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_down", "pool",
                                    "torchao", "fsdp2")),
                 ("fp32", "adamw_fused", ("pool", "torchao")),
                 ("fp32", "sgd", ("pool_gpu_step", "pool", "torchao")),

@@ -106,6 +106,17 @@ TORCH_2_9 = frozenset({
     "torch.optim.optimizer.register_optimizer_step_post_hook",
     "torch.optim.optimizer.register_optimizer_step_pre_hook",
     "torch.uint8",
+    "torch.as_tensor",
+    "torch.Tensor.register_post_accumulate_grad_hook",
+    "torch.Tensor.record_stream",
+    "torch.autograd",
+    "torch.autograd.Variable",
+    "torch.autograd.Variable._execution_engine",  # set in torch/autograd/variable.py
+    "torch.autograd.Variable._execution_engine.queue_callback",  # DDP's reducer uses it
+    "torch.device",
+    "torch.distributed",
+    "torch.distributed.is_available",
+    "torch.distributed.is_initialized",
 })
 
 # Reached through an object, not a torch. chain: (the name, how the modules' source spells it)
@@ -135,6 +146,8 @@ INDIRECT = [
     ("torch.Tensor.grad", "p.grad"),
     ("torch.Tensor.device", "p.device.type"),
     ("torch.Tensor.to", 'value.to("cpu"'),
+    ("torch.Tensor.register_post_accumulate_grad_hook", "p.register_post_accumulate_grad_hook("),
+    ("torch.Tensor.record_stream", "grad.record_stream("),
 ]
 # Set on each instance (in __init__), not on the class: checked on one made on the CPU
 INSTANCE = {
@@ -424,7 +437,7 @@ def resolve_in(wheel: Wheel, name: str) -> bool:
 # torch/__init__.py binds every public function of torch._C._VariableFunctions in a loop
 # (for __name in dir(_C._VariableFunctions): globals()[__name] = ...); resolve_in checks the
 # loop is there before it counts on it.
-PUBLIC_OPS_LOOP = {"empty", "frombuffer"}
+PUBLIC_OPS_LOOP = {"empty", "frombuffer", "as_tensor"}
 
 
 @pytest.mark.skipif(not os.environ.get("UMPROV_TORCH_WHEEL"),

@@ -6,10 +6,11 @@ to the host. A GPU step over spilled state reads and writes it across PCIe sever
 step. Here, an optimizer of a kind that updates each parameter on its own steps on the host
 instead: its state lives in host memory, each parameter has a pinned host copy (its master),
 gradients come down once and parameters go up once a step, chunk by chunk, so the copies
-overlap the CPU's work. From the step after the first one on the host, each gradient goes
-down while backward still runs (``GradsDown``): copied into pinned host memory as soon as it is
-accumulated, its device memory freed at once, and ``.grad`` a CUDA view of that host memory,
-so code between backward and step (``clip_grad_norm_``) still reads and scales it in place.
+overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not yet the default: slower in
+the bench, docs/managed-memory.md), each gradient goes down while backward still runs
+(``GradsDown``): copied into pinned host memory as soon as it is accumulated, its device
+memory freed at once, ``.grad`` a CUDA view of that host memory, so code between backward
+and step (``clip_grad_norm_``) still reads and scales it in place.
 
 The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
 class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
@@ -19,11 +20,11 @@ brought back here at the next step. A parameter changed outside the optimizer (a
 loaded into the model) is read again from the GPU first (its version counter says so).
 
 UMPROV_MANAGED_HOST_STEP: ``auto`` (default: once the pool spills), ``0`` never, ``1``
-always (tests). UMPROV_MANAGED_GRADS_DOWN=0 leaves gradients on the GPU until the step (and
-under torch.distributed they always stay: DDP's reducer writes ``.grad`` after backward
-hooks, on its own schedule). Not used, and the step runs on the GPU as written: closures,
-GradScaler's fused step, capturable or differentiable optimizers, optimizers of other kinds
-(whose step may couple parameters), parameters off the GPU or sparse gradients.
+always (tests). Under torch.distributed gradients never go down during backward: DDP's
+reducer writes ``.grad`` after backward's hooks, on its own schedule. Not used, and the step
+runs on the GPU as written: closures, GradScaler's fused step, capturable or differentiable
+optimizers, optimizers of other kinds (whose step may couple parameters), parameters off the
+GPU or sparse gradients.
 """
 
 from __future__ import annotations
@@ -301,8 +302,9 @@ class GradsDown:
         it, its device memory returns to the pool once copied, ``.grad`` is the host view."""
         grad, alias = p.grad, self.alias[p]
         if (grad is None or grad.data_ptr() == alias.data_ptr() or grad.is_sparse
-                or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()):
-            return  # accumulated in place into the view already, or not a plain gradient
+                or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()
+                or _on_device(grad) == 0):
+            return  # in the view already, spilled (the step reads it there), or not plain
         stream = torch.cuda.current_stream(grad.device)
         if not self.streams:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
@@ -346,7 +348,7 @@ def _device_view(flat: torch.Tensor, device: torch.device) -> torch.Tensor | Non
 
 
 def _grads_down_wanted() -> bool:
-    if os.environ.get("UMPROV_MANAGED_GRADS_DOWN", "1") == "0":
+    if os.environ.get("UMPROV_MANAGED_GRADS_DOWN", "0") != "1":
         return False
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
