@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.ranks import start_ranks
 from umprov.verify import report
 from umprov.verify.agent.pairs import pair_records
 from umprov.verify.agent.precheck import guess_gpu_count, no_gpu_reasons
@@ -205,32 +205,9 @@ def test_no_gpu_reasons_name_each_missing_piece():
         assert part in reasons
 
 
-def _torch_python() -> str | None:
-    cand = os.environ.get("UMPROV_TEST_TORCH_PYTHON")
-    if cand:
-        return cand
-    import importlib.util
-
-    return sys.executable if importlib.util.find_spec("torch") else None
-
-
 def run_ranks(agent: Path, tmp_path: Path, world: int, **opts: object) -> list[dict]:
     """The NCCL rank children over gloo on the CPU, as the parent starts them; their events."""
-    python = _torch_python()
-    if python is None:
-        pytest.skip("no Python with torch (set UMPROV_TEST_TORCH_PYTHON to run this)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    gate = tmp_path / "gate"
-    gate.touch()
-    path = tmp_path / "opts.json"
-    path.write_text(json.dumps({"quick": False, "timeout": 60, "profiles": BUILTIN_PROFILES,
-                                "forced": None, "world": world, "port": port,
-                                "nccl_backend": "gloo", "gate": str(gate), **opts}))
-    procs = [subprocess.Popen([python, str(agent), "--child", "nccl", "--child-opts", str(path),
-                               "--rank", str(r), "--child-out", str(tmp_path / f"r{r}.jsonl")])
-             for r in range(world)]
+    procs = start_ranks(agent, tmp_path, world, **opts)
     assert [p.wait(timeout=180) for p in procs] == [0] * world
     return [json.loads(ln) for r in range(world)
             for ln in (tmp_path / f"r{r}.jsonl").read_text().splitlines()]

@@ -8,8 +8,6 @@ import argparse
 import fcntl
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import types
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import ranks
 from umprov.verify.agent import discover, gpu, host, managed, oversub
 from umprov.verify.agent.gpuchild import share_of
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
@@ -255,32 +254,10 @@ def test_wait_done_does_not_wait_for_an_exit():
 
 
 # -- the ranks: exact values and the DDP step before the timed gate, the timed ones after it
-def _torch_python() -> str | None:
-    import importlib.util
-
-    return os.environ.get("UMPROV_TEST_TORCH_PYTHON") or (
-        sys.executable if importlib.util.find_spec("torch") else None)
-
-
 def start_ranks(agent_pyz: Path, tmp_path: Path, world: int) -> tuple[list, Path]:
-    python = _torch_python()
-    if python is None:
-        pytest.skip("no Python with torch (set UMPROV_TEST_TORCH_PYTHON to run this)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    gate = tmp_path / "nccl.gate"
-    gate.touch()
-    timed = Path(host.timed_gate_path(str(gate)))
-    path = tmp_path / "opts.json"
-    path.write_text(json.dumps({"quick": False, "timeout": 60, "profiles": BUILTIN_PROFILES,
-                                "forced": None, "world": world, "port": port,
-                                "nccl_backend": "gloo", "gate": str(gate),
-                                "timed_gate": str(timed)}))
-    procs = [subprocess.Popen([python, str(agent_pyz), "--child", "nccl", "--child-opts",
-                               str(path), "--rank", str(r), "--child-out",
-                               str(tmp_path / f"r{r}.jsonl")]) for r in range(world)]
-    return procs, timed
+    """The ranks behind their first gate (open) and their second (``timed``, closed)."""
+    timed = Path(host.timed_gate_path(str(tmp_path / "nccl.gate")))
+    return ranks.start_ranks(agent_pyz, tmp_path, world, timed_gate=str(timed)), timed
 
 
 def events(tmp_path: Path, world: int) -> list[dict]:
