@@ -71,7 +71,7 @@ def child(run: dict) -> dict:
         opt = optimizer(torch, model, run)
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(2, 512, 4096, generator=gen).to(dev)
-        times, losses, phases = [], [], []
+        times, losses, phases, placement = [], [], [], []
         for _ in range(run["steps"]):
             torch.cuda.synchronize()
             marks = [time.perf_counter()]
@@ -86,6 +86,9 @@ def child(run: dict) -> dict:
             times.append(marks[-1] - marks[0])
             phases.append([round(b - a, 4) for a, b in zip(marks, marks[1:], strict=False)])
             losses.append(float(loss))
+            if run["how"].startswith("pool"):  # where the pool's segments are, step by step
+                pool = umprov_managed.stats()
+                placement.append([round(pool[k] / GIB, 2) for k in ("placed", "spilled")])
     except torch.OutOfMemoryError as exc:
         return {"oom": str(exc).splitlines()[0][:160]}
     out = {"step_s": times, "losses": losses, "phases_fwd_bwd_step": phases,
@@ -96,6 +99,7 @@ def child(run: dict) -> dict:
         import umprov_managed
 
         out["pool"] = umprov_managed.stats()
+        out["placed_spilled_gib"] = placement
         out["host_step"] = "_umprov_host" in opt.__dict__
     return out
 

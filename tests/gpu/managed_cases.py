@@ -131,7 +131,27 @@ def case_side_stream() -> dict:
     u = torch.empty(4096, 4096, device=DEV)
     same = u.data_ptr() == ptr
     torch.cuda.synchronize()
-    return {"reused_early": same}
+    return {"reused_early": same, "reserved": reserved_over_steps(side)}
+
+
+def reserved_over_steps(side: torch.cuda.Stream, steps: int = 4) -> list[int]:
+    """Memory reserved after each of a few steps that free a block used on a side stream: on
+    the pool, such a block waits for the step to come back (the caching allocator holds it
+    while routing is on), and must not be held for good."""
+    p = torch.nn.Parameter(torch.zeros(1, device=DEV))
+    opt = torch.optim.SGD([p], lr=0.1)
+    reserved = []
+    for _ in range(steps):
+        t = torch.ones(4096, 4096, device=DEV)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            t.mul_(2.0)
+        t.record_stream(side)
+        del t
+        p.grad = torch.ones_like(p)
+        opt.step()
+        reserved.append(torch.cuda.memory_reserved())
+    return reserved
 
 
 def case_ddp() -> dict:

@@ -575,6 +575,20 @@ class FakeStream:
     def wait_stream(self, other: FakeStream) -> None:
         self.log.append((self.name, "waits", other.name))
 
+    def wait_event(self, event: FakeEvent) -> None:
+        self.log.append((self.name, "waits for", event.name))
+
+
+class FakeEvent:
+    """torch.cuda.Event on CPU: named by the stream it was recorded on, and when."""
+
+    def __init__(self) -> None:
+        self.name = ""
+
+    def record(self, stream: FakeStream) -> None:
+        self.name = f"{stream.name} {sum(1 for e in stream.log if e[1] == 'recorded')}"
+        stream.log.append((stream.name, "recorded"))
+
     def __hash__(self) -> int:
         return hash(self.name)
 
@@ -589,7 +603,8 @@ def cpu_streams(monkeypatch):
     user = FakeStream("user", log)
     monkeypatch.setattr(step.torch.cuda, "current_stream", lambda device=None: user)
     monkeypatch.setattr(step.torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("recorded",
+    monkeypatch.setattr(step.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("stream use",
                                                                                   s.name)))
     return SimpleNamespace(log=log, down=FakeStream("down", log))
 
@@ -617,12 +632,34 @@ def test_accumulation_adds_into_the_host_view_in_place_and_copies_nothing(cpu_st
     p = torch.nn.Parameter(torch.ones(4))
     down = grads_down([p], cpu_streams.down)
     (p * 2.0).sum().backward()
-    copies = cpu_streams.log.count(("recorded", "down"))
+    copies = cpu_streams.log.count(("down", "recorded"))
     (p * 3.0).sum().backward()
     assert torch.equal(down.host_of(p), torch.full((4,), 5.0))
-    assert cpu_streams.log.count(("recorded", "down")) == copies == 1
+    assert cpu_streams.log.count(("down", "recorded")) == copies == 1
     torch.nn.utils.clip_grad_norm_([p], 1.0)  # code between backward and step: in place
     assert torch.allclose(down.host[p].norm(), torch.tensor(1.0))
+
+
+def test_copied_gradients_go_back_to_the_pool_behind_their_copies_within_the_lag(
+        cpu_streams, monkeypatch):
+    """Never record_stream (the routed pool would hold such a block until the step): a
+    device gradient is kept until its stream waits for its copy, at most LAG bytes of them."""
+    monkeypatch.setattr(step, "LAG", 2 * 4 * 4)  # two gradients of 4 floats
+    params = [torch.nn.Parameter(torch.ones(4)) for _ in range(4)]
+    down = grads_down(params, cpu_streams.down)
+    seen: list[tuple[int, int]] = []
+    for p in params:  # the hook runs first: what it leaves behind is seen by the next ones
+        p.register_post_accumulate_grad_hook(
+            lambda p: seen.append((len(down.copying), down.copying_bytes)))
+    loss = params[0] * 1.0
+    for p in params[1:]:
+        loss = loss * p
+    loss.sum().backward()
+    assert all(n <= 2 and nbytes <= step.LAG for n, nbytes in seen) and max(seen)[0] == 2
+    waits = [e for e in cpu_streams.log if e[1] == "waits for"]
+    assert waits == [("user", "waits for", "down 0"), ("user", "waits for", "down 1")]
+    assert ("stream use", "down") not in cpu_streams.log
+    assert not down.copying and down.copying_bytes == 0  # after backward: all let go
 
 
 def test_a_gradient_replaced_after_backward_is_not_the_host_ones(cpu_streams):

@@ -53,6 +53,7 @@ TORCH_2_9 = frozenset({
     "torch._C",
     "torch._C._cuda_beginAllocateToPool",
     "torch._C._cuda_endAllocateToPool",
+    "torch._C._cuda_releasePool",
     "torch.cuda",
     "torch.cuda.Event",
     "torch.cuda.Event.record",
@@ -60,6 +61,7 @@ TORCH_2_9 = frozenset({
     "torch.cuda.MemPool",
     "torch.cuda.MemPool.id",
     "torch.cuda.Stream",
+    "torch.cuda.Stream.wait_event",
     "torch.cuda.Stream.wait_stream",
     "torch.cuda._exchange_device",
     "torch.cuda._lazy_call",
@@ -75,6 +77,7 @@ TORCH_2_9 = frozenset({
     "torch.cuda.graphs.CUDAGraph.capture_begin",
     "torch.cuda.graphs.CUDAGraph.capture_end",
     "torch.cuda.is_available",
+    "torch.cuda.is_current_stream_capturing",
     "torch.cuda.is_initialized",
     "torch.cuda.memory",
     "torch.cuda.memory.CUDAPluggableAllocator",
@@ -108,7 +111,6 @@ TORCH_2_9 = frozenset({
     "torch.uint8",
     "torch.as_tensor",
     "torch.Tensor.register_post_accumulate_grad_hook",
-    "torch.Tensor.record_stream",
     "torch.autograd",
     "torch.autograd.Variable",
     "torch.autograd.Variable._execution_engine",  # set in torch/autograd/variable.py
@@ -126,6 +128,8 @@ INDIRECT = [
     ("torch.cuda.memory.CUDAPluggableAllocator.allocator", '_state["allocator"].allocator()'),
     ("torch.cuda.MemPool.id", "pools[device].id"),
     ("torch.cuda.Stream.wait_stream", "stream.wait_stream("),
+    ("torch.cuda.Stream.wait_event", "stream.wait_event(copied)"),
+    ("torch.cuda.Event.record", "copied.record(self.down)"),
     ("torch.cuda.Event.record", "self.uploaded.record("),
     ("torch.cuda.Event.synchronize", "self.uploaded.synchronize()"),
     ("torch.optim.Optimizer.step", "type(opt).step"),
@@ -147,7 +151,6 @@ INDIRECT = [
     ("torch.Tensor.device", "p.device.type"),
     ("torch.Tensor.to", 'value.to("cpu"'),
     ("torch.Tensor.register_post_accumulate_grad_hook", "p.register_post_accumulate_grad_hook("),
-    ("torch.Tensor.record_stream", "grad.record_stream("),
 ]
 # Set on each instance (in __init__), not on the class: checked on one made on the CPU
 INSTANCE = {
@@ -155,7 +158,8 @@ INSTANCE = {
     "torch.optim.Optimizer.state": "torch.optim.SGD([torch.zeros(1, requires_grad=True)])",
 }
 # Only in a CUDA build of torch (bound by torch._C's CUDA module at its import)
-CUDA_ONLY = {"torch._C._cuda_beginAllocateToPool", "torch._C._cuda_endAllocateToPool"}
+CUDA_ONLY = {"torch._C._cuda_beginAllocateToPool", "torch._C._cuda_endAllocateToPool",
+             "torch._C._cuda_releasePool"}
 
 
 def used_names(source: str) -> tuple[set[str], set[str]]:
@@ -440,6 +444,18 @@ def resolve_in(wheel: Wheel, name: str) -> bool:
 PUBLIC_OPS_LOOP = {"empty", "frombuffer", "as_tensor"}
 
 
+# Class attributes that hold an instance: their methods are looked up on its class
+# (torch/autograd/variable.py: _execution_engine = ImperativeEngine(), torch._C's class).
+TYPED = {"torch.autograd.Variable._execution_engine.": "torch._C._ImperativeEngine."}
+
+
+def as_typed(name: str) -> str:
+    for prefix, cls in TYPED.items():
+        if name.startswith(prefix):
+            return cls + name.removeprefix(prefix)
+    return name
+
+
 @pytest.mark.skipif(not os.environ.get("UMPROV_TORCH_WHEEL"),
                     reason="UMPROV_TORCH_WHEEL (torch 2.9.0's wheel) not set: the committed "
                            "list stands for it")
@@ -449,7 +465,7 @@ def test_the_list_is_what_torch_2_9s_wheel_has():
     assert "__version__ = '2.9.0" in version, version
     init = wheel.zip.read("torch/__init__.py").decode()
     assert "for __name in dir(_C._VariableFunctions):" in init
-    missing = sorted(name for name in TORCH_2_9 if not resolve_in(wheel, name))
+    missing = sorted(name for name in TORCH_2_9 if not resolve_in(wheel, as_typed(name)))
     assert missing == []
     # and the resolver can say no
     for absent in ("torch.cuda.memory.caching_allocator_disabled",  # names of later torch

@@ -173,8 +173,51 @@ def _route(torch: Any, device: int) -> None:
 
 
 def _unroute(torch: Any, device: int) -> None:
-    torch._C._cuda_endAllocateToPool(device, _state["pools"][device].id)
+    """Routing off; the reference routing took on the pool given back (as torch's own
+    use_mem_pool does), so a retired pool can become freeable."""
+    pool = _state["pools"][device]
+    torch._C._cuda_endAllocateToPool(device, pool.id)
+    torch._C._cuda_releasePool(device, pool.id)
     _state["routed"].discard(device)
+
+
+def settle() -> None:
+    """Blocks freed after ``record_stream`` back into the pool, and retired pools' free
+    segments given back. While routing is on, the caching allocator counts it as a capture
+    underway: such blocks wait for a moment with no capture, and it never releases cached
+    segments before raising out-of-memory. Here routing is off for that moment: empty_cache
+    waits for their streams, frees them, and releases what no live pool holds. Once a step
+    (umprov_managed_step's pre-step hook)."""
+    import torch
+
+    with _lock:
+        routed = sorted(_state.get("routed", ()))
+        if not routed or torch.cuda.is_current_stream_capturing():
+            return
+        for device in routed:
+            _unroute(torch, device)
+        try:
+            torch.cuda.empty_cache()
+        finally:
+            for device in routed:
+                _route(torch, device)
+
+
+def repool(device: int) -> None:
+    """A fresh pool for ``device``'s allocations from now on; the old one is retired: what it
+    still holds stays where it is, its free segments are given back (now, and at each settle
+    as its blocks are freed), so nothing allocated later lands in a segment placed before (a
+    gradient that spilled in the first step, say)."""
+    import torch
+
+    with _lock:
+        if device not in _state.get("routed", ()):
+            return
+        _unroute(torch, device)
+        try:  # torch's MemPool gives its reference back and empties its cache, unrouted
+            del _state["pools"][device]
+        finally:
+            _route(torch, device)
 
 
 @contextlib.contextmanager

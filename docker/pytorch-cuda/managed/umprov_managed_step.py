@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import os
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ KINDS = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop
 CHUNK = 256 << 20  # bytes of parameters a chunk: big enough for the CPU's threads and the bus
 ALIGN = 512  # each gradient's place in a slot: any dtype's view of it starts aligned
 SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
+LAG = 1 << 30  # bytes of gradients copying down while backward runs on: held on the device
 _lib: Any = None
 
 
@@ -64,7 +65,7 @@ def _on_device(tensor: torch.Tensor) -> int:
 
 
 def _spilling() -> bool:
-    stats = (ctypes.c_longlong * 9)()
+    stats = (ctypes.c_longlong * len(_managed().STATS))()
     _lib.umprov_um_stats(stats)
     return stats[2] > 0  # bytes spilled to the host
 
@@ -91,6 +92,7 @@ def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
 
 
 def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    _managed().settle()  # blocks freed after record_stream back into the pool
     host = opt.__dict__.get("_umprov_host")
     if host is None:
         mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
@@ -127,6 +129,8 @@ class HostStep:
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
         if _grads_down_wanted():
             self.grads_down = GradsDown.attach(opt, self.down)
+        for device in {p.device.index for g in opt.param_groups for p in g["params"]}:
+            _managed().repool(device)  # retires the device step's segments (spilled grads)
 
     def leave(self) -> None:
         """Back to the device step: the state beside its parameters, backward's hooks gone."""
@@ -263,6 +267,8 @@ class GradsDown:
         self.down = down
         self.host, self.alias = host, alias  # param -> pinned CPU tensor, its CUDA view
         self.streams: set = set()  # the streams backward accumulated on, this pass
+        self.copying: deque = deque()  # (device gradient, its stream, copied event)
+        self.copying_bytes = 0
         self.handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
 
     @classmethod
@@ -312,14 +318,29 @@ class GradsDown:
         self.down.wait_stream(stream)
         with torch.cuda.stream(self.down):
             self.host[p].copy_(grad, non_blocking=True)
-        grad.record_stream(self.down)
+        copied = torch.cuda.Event()
+        copied.record(self.down)
+        self.copying.append((grad, stream, copied))
+        self.copying_bytes += grad.numel() * grad.element_size()
         p.grad = alias
+        while self.copying_bytes > LAG:
+            self._release_oldest()
+
+    def _release_oldest(self) -> None:
+        """The oldest copied gradient's memory back to the pool: its stream waits for the
+        copy, so what reuses the block there runs after it. Not record_stream: under the
+        pool's routing the caching allocator holds such a block until the step's settle."""
+        grad, stream, copied = self.copying.popleft()
+        stream.wait_event(copied)
+        self.copying_bytes -= grad.numel() * grad.element_size()
 
     def _backward_done(self) -> None:
         """What runs after backward (clip_grad_norm_, the step) reads the gradients once
-        they are down."""
+        they are down; the device gradients still copying go back to the pool behind that."""
         for stream in self.streams | {torch.cuda.current_stream()}:
             stream.wait_stream(self.down)
+        self.copying.clear()
+        self.copying_bytes = 0
         self.streams = set()
 
 
@@ -396,6 +417,10 @@ def _unpin(flat: torch.Tensor) -> None:
 
 
 def _cudart() -> Any:
-    from umprov_managed import _cudart as loaded
+    return _managed()._cudart()
 
-    return loaded()
+
+def _managed() -> Any:
+    import umprov_managed
+
+    return umprov_managed
