@@ -500,7 +500,8 @@ def test_host_step_1_steps_on_the_host_before_anything_spills(hooks, monkeypatch
     assert hooks.host_steps == 2
 
 
-def test_install_registers_the_hooks_once_and_not_at_all_with_host_step_0(monkeypatch):
+def test_install_registers_the_hooks_once(monkeypatch):
+    """Even with UMPROV_MANAGED_HOST_STEP=0: the pre-step hook settles the pool."""
     registered = []
     monkeypatch.setattr(step, "register_optimizer_step_pre_hook",
                         lambda hook: registered.append(("pre", hook)))
@@ -509,12 +510,22 @@ def test_install_registers_the_hooks_once_and_not_at_all_with_host_step_0(monkey
     monkeypatch.setattr(step, "_lib", None)
     monkeypatch.setenv("UMPROV_MANAGED_HOST_STEP", "0")
     step.install("lib")
-    assert registered == [] and step._lib is None
-    monkeypatch.setenv("UMPROV_MANAGED_HOST_STEP", "auto")
-    step.install("lib")
     step.install("lib")
     assert registered == [("pre", step._before_step), ("post", step._after_step)]
     assert step._lib == "lib"
+
+
+def test_host_step_0_settles_and_steps_on_the_device(hooks, monkeypatch):
+    settled = []
+    monkeypatch.setattr(step._managed(), "settle", lambda: settled.append(1))
+    monkeypatch.setenv("UMPROV_MANAGED_HOST_STEP", "0")
+    hooks.spilling = True
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    opt = torch.optim.SGD(params, lr=0.1)
+    params[0].grad = torch.ones(3)
+    opt.step()
+    assert settled == [1] and hooks.host_steps == 0 and "_umprov_host" not in opt.__dict__
+    assert torch.equal(params[0].detach(), torch.full((3,), -0.1))
 
 
 def test_spilling_reads_the_pools_spilled_bytes(monkeypatch):

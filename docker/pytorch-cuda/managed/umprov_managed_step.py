@@ -51,9 +51,10 @@ _lib: Any = None
 
 
 def install(library: Any) -> None:
-    """The global step hooks (once the pool runs: ``umprov_managed._start``)."""
+    """The global step hooks (once the pool runs: ``umprov_managed._start``): the pool's
+    settle at every step, the host step where it is wanted."""
     global _lib
-    if _lib is not None or os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto") == "0":
+    if _lib is not None:
         return
     _lib = library
     register_optimizer_step_pre_hook(_before_step)
@@ -94,9 +95,9 @@ def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
 def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
     _managed().settle()  # blocks freed after record_stream back into the pool
     host = opt.__dict__.get("_umprov_host")
+    mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
     if host is None:
-        mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
-        if not eligible(opt, args, kwargs) or (mode != "1" and not _spilling()):
+        if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not _spilling()):
             return
         host = opt.__dict__["_umprov_host"] = HostStep(opt)
     elif not eligible(opt, args, kwargs):  # a closure once, say: the state goes back first
