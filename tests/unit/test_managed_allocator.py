@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -388,3 +389,74 @@ def test_the_python_side_reads_sizes_as_people_write_them():
     for bad in ("lots", "", "-1g"):
         with pytest.raises(ValueError):
             size_of(bad)
+
+
+# the routing over torch's caching allocator, with torch's pool calls stood in for
+
+
+@pytest.fixture
+def routing(monkeypatch):
+    """umprov_managed's routing on CPU torch: torch's pool calls recorded, one routed device."""
+    import torch
+    import umprov_managed
+
+    calls: list[tuple] = []
+
+    class Pool:
+        made = 0
+
+        def __init__(self, allocator: object) -> None:
+            Pool.made += 1
+            self.id = (0, Pool.made)
+
+        def __del__(self) -> None:
+            calls.append(("retired", self.id))
+
+    monkeypatch.setattr(torch.cuda, "MemPool", Pool, raising=False)
+    monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", lambda d: 0)
+    monkeypatch.setattr(torch.cuda, "_exchange_device", lambda d: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
+    for name in ("beginAllocateToPool", "endAllocateToPool", "releasePool"):
+        monkeypatch.setattr(torch._C, f"_cuda_{name}",
+                            lambda d, pid, name=name: calls.append((name, pid)), raising=False)
+    state = {"allocator": SimpleNamespace(allocator=lambda: None), "pools": {}, "routed": set()}
+    monkeypatch.setattr(umprov_managed, "_state", state)
+    umprov_managed._route(torch, 0)
+    calls.clear()
+    yield SimpleNamespace(calls=calls, state=state, managed=umprov_managed, torch=torch)
+    handle = state.pop("settle_hook", None)
+    if handle is not None:
+        handle.remove()
+
+
+def test_settle_frees_with_routing_off_and_gives_back_what_routing_took(routing):
+    routing.managed.settle()
+    assert routing.calls == [("endAllocateToPool", (0, 1)), ("releasePool", (0, 1)),
+                             ("empty_cache",), ("beginAllocateToPool", (0, 1))]
+
+
+def test_repool_retires_the_pool_and_settles_once_at_the_next_forward(routing):
+    """Gradients zero_grad lets go after the step belong to the retired pool: given back
+    before the new pool's first allocation (the next forward), once."""
+    import torch
+
+    routing.managed.repool(0)
+    assert ("retired", (0, 1)) in routing.calls
+    assert routing.calls[-1] == ("beginAllocateToPool", (0, 2))
+    routing.calls.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model(torch.ones(1, 2))  # three module calls, one settle
+    model(torch.ones(1, 2))
+    assert routing.calls.count(("empty_cache",)) == 1
+    assert "settle_hook" not in routing.state
+
+
+def test_a_settle_before_the_forward_disarms_it(routing):
+    import torch
+
+    routing.managed.repool(0)
+    routing.managed.settle()  # the next optimizer step came first
+    routing.calls.clear()
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))
+    assert routing.calls == []

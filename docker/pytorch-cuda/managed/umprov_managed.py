@@ -191,6 +191,9 @@ def settle() -> None:
     import torch
 
     with _lock:
+        armed = _state.pop("settle_hook", None)
+        if armed is not None:
+            armed.remove()
         routed = sorted(_state.get("routed", ()))
         if not routed or torch.cuda.is_current_stream_capturing():
             return
@@ -218,6 +221,20 @@ def repool(device: int) -> None:
             del _state["pools"][device]
         finally:
             _route(torch, device)
+        if "settle_hook" not in _state:
+            _state["settle_hook"] = torch.nn.modules.module.register_module_forward_pre_hook(
+                _settle_before_forward)
+
+
+def _settle_before_forward(module: Any, args: Any) -> None:
+    """Once, at the next module's forward after a repool: what the retired pool let go since
+    (the gradients zero_grad freed) is given back before the new pool's first allocation
+    takes the device's budget; otherwise those allocations spill and the new pool caches
+    them spilled for good."""
+    import torch
+
+    if not torch.compiler.is_compiling():
+        settle()  # removes this hook
 
 
 @contextlib.contextmanager

@@ -6,11 +6,11 @@ to the host. A GPU step over spilled state reads and writes it across PCIe sever
 step. Here, an optimizer of a kind that updates each parameter on its own steps on the host
 instead: its state lives in host memory, each parameter has a pinned host copy (its master),
 gradients come down once and parameters go up once a step, chunk by chunk, so the copies
-overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not yet the default: slower in
-the bench, docs/managed-memory.md), each gradient goes down while backward still runs
-(``GradsDown``): copied into pinned host memory as soon as it is accumulated, its device
-memory freed at once, ``.grad`` a CUDA view of that host memory, so code between backward
-and step (``clip_grad_norm_``) still reads and scales it in place.
+overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not yet the default: faster, but
+more host memory in the bench, docs/managed-memory.md), each gradient goes down while
+backward still runs (``GradsDown``): copied into pinned host memory as soon as it is
+accumulated, its device memory freed at once, ``.grad`` a CUDA view of that host memory, so
+code between backward and step (``clip_grad_norm_``) still reads and scales it in place.
 
 The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
 class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
