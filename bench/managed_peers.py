@@ -91,6 +91,11 @@ def child(run: dict) -> dict:
                 placement.append([round(pool[k] / GIB, 2) for k in ("placed", "spilled")])
     except torch.OutOfMemoryError as exc:
         return {"oom": str(exc).splitlines()[0][:160]}
+    if run["how"].startswith("pool"):  # one more step, untimed: what sits where
+        try:
+            out_where = where_step(torch, umprov_managed, model, opt, x)
+        except torch.OutOfMemoryError as exc:
+            out_where = {"oom": str(exc).splitlines()[0][:160]}
     out = {"step_s": times, "losses": losses, "phases_fwd_bwd_step": phases,
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
@@ -101,7 +106,40 @@ def child(run: dict) -> dict:
         out["pool"] = umprov_managed.stats()
         out["placed_spilled_gib"] = placement
         out["host_step"] = "_umprov_host" in opt.__dict__
+        out["where_gib"] = out_where
     return out
+
+
+def where_step(torch, managed, model, opt, x) -> dict:  # noqa: ANN001 - the child's torch
+    """The pool's bytes after forward, after backward and after the step, each as placed /
+    spilled, live and cached free (torch's segment snapshot, each segment's placement from the
+    pool), and the gradients' own after backward: which allocations hold the device's budget."""
+    def pool() -> dict:
+        torch.cuda.synchronize()
+        out = {"live": [0.0, 0.0], "free": [0.0, 0.0]}
+        for seg in torch.cuda.memory_snapshot():
+            placed = managed.on_device(seg["address"])
+            if placed < 0:
+                continue
+            spilled = placed == 0
+            out["live"][spilled] += seg["allocated_size"] / GIB
+            out["free"][spilled] += (seg["total_size"] - seg["allocated_size"]) / GIB
+        return {k: [round(v, 2) for v in pair] for k, pair in out.items()}
+
+    seen = {"params": [0.0, 0.0], "grads": [0.0, 0.0]}
+    loss = model(x).float().square().mean()
+    seen["after_forward"] = pool()
+    loss.backward()
+    seen["after_backward"] = pool()
+    for p in model.parameters():
+        for kind, t in (("params", p), ("grads", p.grad)):
+            if t is not None and managed.on_device(t) >= 0:
+                seen[kind][managed.on_device(t) == 0] += t.numel() * t.element_size() / GIB
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    seen["after_step"] = pool()
+    return {**seen, "params": [round(v, 2) for v in seen["params"]],
+            "grads": [round(v, 2) for v in seen["grads"]]}
 
 
 def _synced(torch) -> float:  # noqa: ANN001 - the child's torch

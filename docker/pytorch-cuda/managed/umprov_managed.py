@@ -294,11 +294,12 @@ def enabled() -> bool:
     return "allocator" in _state
 
 
-def on_device(tensor: Any) -> int:
-    """1: the tensor's memory is a segment placed on the GPU; 0: spilled to the host; -1: not
-    managed memory of this pool."""
+def on_device(where: Any) -> int:
+    """1: the tensor's memory (or the address) is in a segment placed on the GPU; 0: spilled
+    to the host; -1: not managed memory of this pool."""
     lib = _state.get("library")
-    return -1 if lib is None else int(lib.umprov_um_on_device(tensor.data_ptr()))
+    address = where if isinstance(where, int) else where.data_ptr()
+    return -1 if lib is None else int(lib.umprov_um_on_device(address))
 
 
 def empty_cache() -> None:

@@ -1,0 +1,43 @@
+"""bench/managed_peers.py's account of where the pool's bytes sit (its GPU runs: bench/README),
+on CPU torch with the snapshot and the pool's placement stood in for."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import REPO
+
+torch = pytest.importorskip("torch")
+if str(REPO / "bench") not in sys.path:
+    sys.path.insert(0, str(REPO / "bench"))
+
+import managed_peers  # noqa: E402
+
+
+def test_where_step_counts_live_and_free_bytes_by_placement(monkeypatch):
+    monkeypatch.setattr(managed_peers, "GIB", 1)  # figures in bytes
+    placed, spilled, foreign = 0x1000, 0x2000, 0x3000
+    segments = [{"address": placed, "total_size": 300, "allocated_size": 200},
+                {"address": spilled, "total_size": 400, "allocated_size": 100},
+                {"address": foreign, "total_size": 100, "allocated_size": 100}]
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    model = torch.nn.Linear(4, 4)
+    host_side = {model.weight.data_ptr()}  # the weight spilled, the bias placed
+
+    def on_device(where):
+        if isinstance(where, int):
+            return {placed: 1, spilled: 0}.get(where, -1)
+        return 0 if where.data_ptr() in host_side else 1
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = managed_peers.where_step(torch, SimpleNamespace(on_device=on_device), model, opt,
+                                    torch.ones(2, 4))
+    for phase in ("after_forward", "after_backward", "after_step"):
+        assert seen[phase] == {"live": [200, 100], "free": [100, 300]}
+    assert seen["params"] == [4 * 4, 16 * 4]  # bias placed, weight spilled
+    assert seen["grads"] == [4 * 4 + 16 * 4, 0]  # the gradients new tensors: placed here
+    assert model.weight.grad is None  # the step's zero_grad ran
