@@ -14,6 +14,9 @@ wrapping:
   (the issue's baseline: the GPU's kernels over spilled state);
 - pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down to
   pinned host memory during backward (opt-in: slower so far);
+- reservoir: an experiment beside the pool, not what the image runs: PyTorch's own allocator
+  on device memory, and past it a ``use_on_oom`` MemPool of spilled managed memory
+  (``reservoir()``), the host step as with the pool;
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 
@@ -41,6 +44,7 @@ from managed_alloc import GIB, NVLS_OFF, build, pinned_h2d
 from managed_alloc import after_first as step
 
 HERE = Path(__file__).resolve().parent
+RESERVOIR = 32 * GIB  # the reservoir run's spilled address space (a 15-layer run spills ~12)
 MANAGED = HERE.parent / "docker" / "pytorch-cuda" / "managed"
 NEIGHBOUR = """
 import sys, time, cupy
@@ -55,12 +59,16 @@ time.sleep(3600)
 
 # ---- the child: one run ------------------------------------------------------------------
 def child(run: dict) -> dict:
-    if run["how"].startswith("pool"):
+    managed = run["how"].startswith("pool") or run["how"] == "reservoir"
+    if managed:
         sys.path.insert(0, str(MANAGED))
         import umprov_managed
 
         umprov_managed.after_torch_import()
     import torch
+
+    if run["how"] == "reservoir":
+        reservoir(torch, umprov_managed)
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -86,12 +94,12 @@ def child(run: dict) -> dict:
             times.append(marks[-1] - marks[0])
             phases.append([round(b - a, 4) for a, b in zip(marks, marks[1:], strict=False)])
             losses.append(float(loss))
-            if run["how"].startswith("pool"):  # where the pool's segments are, step by step
+            if managed:  # where the pool's segments are, step by step
                 pool = umprov_managed.stats()
                 placement.append([round(pool[k] / GIB, 2) for k in ("placed", "spilled")])
     except torch.OutOfMemoryError as exc:
         return {"oom": str(exc).splitlines()[0][:160]}
-    if run["how"].startswith("pool"):  # one more step, untimed: what sits where
+    if managed:  # one more step, untimed: what sits where
         try:
             out_where = where_step(torch, umprov_managed, model, opt, x)
         except torch.OutOfMemoryError as exc:
@@ -100,9 +108,7 @@ def child(run: dict) -> dict:
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
            "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
-    if run["how"].startswith("pool"):
-        import umprov_managed
-
+    if managed:
         out["pool"] = umprov_managed.stats()
         out["placed_spilled_gib"] = placement
         out["host_step"] = "_umprov_host" in opt.__dict__
@@ -110,36 +116,57 @@ def child(run: dict) -> dict:
     return out
 
 
+def reservoir(torch, managed) -> None:  # noqa: ANN001 - the child's torch and pool module
+    """The other design, measured beside the pool (an experiment, not what the image runs):
+    PyTorch's own allocator on device memory, routing nothing; where it runs out (after its
+    out-of-memory path released its cache) it takes free blocks of a MemPool marked
+    ``use_on_oom`` whose segments are managed memory on the host (budget 0: every segment
+    spilled), filled up front (torch takes only free blocks from such a pool, and only on the
+    stream they were made on). The host step as with the pool."""
+    from umprov_managed_step import install
+
+    torch.cuda.init()
+    library = managed._library(0, 0)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(str(managed.LIBRARY),
+                                                         "umprov_um_malloc", "umprov_um_free")
+    pool = torch.cuda.MemPool(allocator.allocator(), use_on_oom=True)
+    managed._state.update(library=library, allocator=allocator, reservoir=pool)
+    with torch.cuda.use_mem_pool(pool):  # address space only: pages come at first touch
+        held = [torch.empty(RESERVOIR, dtype=torch.uint8, device="cuda")]
+        held += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(256)]
+    del held
+    install(library)
+
+
 def where_step(torch, managed, model, opt, x) -> dict:  # noqa: ANN001 - the child's torch
-    """The pool's bytes after forward, after backward and after the step, each as placed /
-    spilled, live and cached free (torch's segment snapshot, each segment's placement from the
-    pool), and the gradients' own after backward: which allocations hold the device's budget."""
+    """The allocator's bytes after forward, after backward and after the step, each as placed
+    / spilled, live and cached free (torch's segment snapshot; a segment not of the pool is
+    torch's device memory: placed), and the parameters' and gradients' own after backward as
+    placed / spilled / not in the pool (torch's device memory, or a view of host memory):
+    which allocations hold the device's budget."""
     def pool() -> dict:
         torch.cuda.synchronize()
         out = {"live": [0.0, 0.0], "free": [0.0, 0.0]}
         for seg in torch.cuda.memory_snapshot():
-            placed = managed.on_device(seg["address"])
-            if placed < 0:
-                continue
-            spilled = placed == 0
+            spilled = managed.on_device(seg["address"]) == 0  # else ours placed, or torch's
             out["live"][spilled] += seg["allocated_size"] / GIB
             out["free"][spilled] += (seg["total_size"] - seg["allocated_size"]) / GIB
         return {k: [round(v, 2) for v in pair] for k, pair in out.items()}
 
-    seen = {"params": [0.0, 0.0], "grads": [0.0, 0.0]}
+    seen = {"params": [0.0, 0.0, 0.0], "grads": [0.0, 0.0, 0.0]}  # placed, spilled, torch's
     loss = model(x).float().square().mean()
     seen["after_forward"] = pool()
     loss.backward()
     seen["after_backward"] = pool()
     for p in model.parameters():
         for kind, t in (("params", p), ("grads", p.grad)):
-            if t is not None and managed.on_device(t) >= 0:
-                seen[kind][managed.on_device(t) == 0] += t.numel() * t.element_size() / GIB
+            if t is not None:
+                at = {1: 0, 0: 1}.get(managed.on_device(t), 2)
+                seen[kind][at] += t.numel() * t.element_size() / GIB
     opt.step()
     opt.zero_grad(set_to_none=True)
     seen["after_step"] = pool()
-    return {**seen, "params": [round(v, 2) for v in seen["params"]],
-            "grads": [round(v, 2) for v in seen["grads"]]}
+    return {**seen, **{k: [round(v, 2) for v in seen[k]] for k in ("params", "grads")}}
 
 
 def _synced(torch) -> float:  # noqa: ANN001 - the child's torch
@@ -197,7 +224,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
     runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
             for dtype, optim, hows in (
                 ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_down", "pool",
-                                   "torchao", "fsdp2")),
+                                   "reservoir", "torchao", "fsdp2")),
                 ("fp32", "adamw_fused", ("pool", "torchao")),
                 ("fp32", "sgd", ("pool_gpu_step", "pool", "torchao")),
                 ("bf16", "adamw", ("pool", "torchao", "fsdp2")))

@@ -1,4 +1,4 @@
-"""bench/managed_peers.py's account of where the pool's bytes sit (its GPU runs: bench/README),
+"""bench/managed_peers.py's account of where the allocator's bytes sit (its GPU runs: bench/README),
 on CPU torch with the snapshot and the pool's placement stood in for."""
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ def test_where_step_counts_live_and_free_bytes_by_placement(monkeypatch):
     def on_device(where):
         if isinstance(where, int):
             return {placed: 1, spilled: 0}.get(where, -1)
-        return 0 if where.data_ptr() in host_side else 1
+        if where is model.weight or where is model.bias:
+            return 0 if where.data_ptr() in host_side else 1
+        return -1
 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = managed_peers.where_step(torch, SimpleNamespace(on_device=on_device), model, opt,
                                     torch.ones(2, 4))
     for phase in ("after_forward", "after_backward", "after_step"):
-        assert seen[phase] == {"live": [200, 100], "free": [100, 300]}
-    assert seen["params"] == [4 * 4, 16 * 4]  # bias placed, weight spilled
-    assert seen["grads"] == [4 * 4 + 16 * 4, 0]  # the gradients new tensors: placed here
+        assert seen[phase] == {"live": [300, 100], "free": [100, 300]}  # torch's: placed
+    assert seen["params"] == [4 * 4, 16 * 4, 0]  # bias placed, weight spilled
+    assert seen["grads"] == [0, 0, 4 * 4 + 16 * 4]  # not of the pool
     assert model.weight.grad is None  # the step's zero_grad ran
