@@ -79,7 +79,7 @@ def child(run: dict) -> dict:
         opt = optimizer(torch, model, run)
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(2, 512, 4096, generator=gen).to(dev)
-        times, losses, phases, placement = [], [], [], []
+        times, losses, phases, placement, churn = [], [], [], [], []
         for _ in range(run["steps"]):
             torch.cuda.synchronize()
             marks = [time.perf_counter()]
@@ -94,6 +94,7 @@ def child(run: dict) -> dict:
             times.append(marks[-1] - marks[0])
             phases.append([round(b - a, 4) for a, b in zip(marks, marks[1:], strict=False)])
             losses.append(float(loss))
+            churn.append(allocator_counts(torch))
             if managed:  # where the pool's segments are, step by step
                 pool = umprov_managed.stats()
                 placement.append([round(pool[k] / GIB, 2) for k in ("placed", "spilled")])
@@ -105,6 +106,7 @@ def child(run: dict) -> dict:
         except torch.OutOfMemoryError as exc:
             out_where = {"oom": str(exc).splitlines()[0][:160]}
     out = {"step_s": times, "losses": losses, "phases_fwd_bwd_step": phases,
+           "allocator_after_first": {k: churn[-1][k] - churn[0][k] for k in churn[0]},
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
            "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
@@ -114,6 +116,17 @@ def child(run: dict) -> dict:
         out["host_step"] = "_umprov_host" in opt.__dict__
         out["where_gib"] = out_where
     return out
+
+
+COUNTS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+          "num_device_free")
+
+
+def allocator_counts(torch) -> dict:  # noqa: ANN001 - the child's torch
+    """The caching allocator's counters of its slow paths (cache released and retried,
+    streams synchronised, segments asked of CUDA and given back); names a torch lacks: 0."""
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in COUNTS}
 
 
 def reservoir(torch, managed) -> None:  # noqa: ANN001 - the child's torch and pool module

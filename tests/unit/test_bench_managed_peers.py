@@ -43,3 +43,12 @@ def test_where_step_counts_live_and_free_bytes_by_placement(monkeypatch):
     assert seen["params"] == [4 * 4, 16 * 4, 0]  # bias placed, weight spilled
     assert seen["grads"] == [0, 0, 4 * 4 + 16 * 4]  # not of the pool
     assert model.weight.grad is None  # the step's zero_grad ran
+
+
+def test_allocator_counts_reads_the_slow_paths_and_zero_for_names_a_torch_lacks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "memory_stats",
+                        lambda: {"num_alloc_retries": 3, "num_ooms": 0, "num_device_alloc": 7,
+                                 "allocated_bytes.all.current": 1 << 20})
+    assert managed_peers.allocator_counts(torch) == {
+        "num_alloc_retries": 3, "num_ooms": 0, "num_sync_all_streams": 0,
+        "num_device_alloc": 7, "num_device_free": 0}
