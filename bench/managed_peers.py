@@ -13,7 +13,7 @@ wrapping:
 - pool_gpu_step: the same with ``UMPROV_MANAGED_HOST_STEP=0``: the pool before the host step
   (the issue's baseline: the GPU's kernels over spilled state);
 - pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down to
-  pinned host memory during backward (opt-in: slower so far);
+  pinned host memory during backward (opt-in: faster in run E, but more host memory);
 - reservoir: an experiment beside the pool, not what the image runs: PyTorch's own allocator
   on device memory, and past it a ``use_on_oom`` MemPool of spilled managed memory
   (``reservoir()``), the host step as with the pool;
