@@ -10,6 +10,7 @@ the container, so known_hosts holds the real keys. Ports live in container label
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import tempfile
 import time
@@ -184,6 +185,14 @@ def remove_volume(client: Any, volume: str) -> None:
 
     with contextlib.suppress(NotFound):
         client.volumes.get(volume).remove(force=True)
+
+
+def orphan_volumes(client: Any, name: str) -> list[str]:
+    """Storage of lab ``name``'s containers that are gone (removed by hand, or a run killed
+    between a volume and its container): `lab up` would mount it as it was. Roles have no
+    '-', so another lab whose name starts with this one's is never matched."""
+    pattern = re.compile(rf"{re.escape(container_name(name, ''))}(\d+|[a-z]+)-(docker|data)")
+    return sorted(v.name for v in client.volumes.list() if pattern.fullmatch(v.name))
 
 
 def wait_for_sshd(container: Any, timeout: float = 90.0) -> None:

@@ -222,6 +222,9 @@ def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[
         removed.append(container.name)
         for suffix in ("-docker", "-data"):  # a host's Docker storage, the registry's data
             lab_hosts.remove_volume(client, f"{container.name}{suffix}")
+    for volume in lab_hosts.orphan_volumes(client, name):
+        lab_hosts.remove_volume(client, volume)
+        removed.append(f"volume {volume}")
     for network in lab_hosts.lab_networks(client, name):  # twins too (lab_networks says why)
         with contextlib.suppress(NotFound):
             network.remove()

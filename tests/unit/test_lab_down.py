@@ -21,7 +21,7 @@ class _Client:
                                labels={"umprov.lab": "t", "umprov.lab.index": "1"})
         self.containers = SimpleNamespace(list=lambda **_kw: [host])
         self.networks = SimpleNamespace(list=lambda **_kw: [])
-        self.volumes = SimpleNamespace(get=self._no_volume)
+        self.volumes = SimpleNamespace(get=self._no_volume, list=lambda **_kw: [])
         self.images = SimpleNamespace(list=lambda **_kw: [])
 
     @staticmethod
@@ -52,3 +52,28 @@ def test_lab_down_forgets_its_hosts_pinned_keys_and_history(
     assert ssh.pinned_keys("umprov-gpu1") == [KEY]
     assert {e.host for e in history.load()} == {"gpu1"}
     assert lab.down("t") == ["umprov-lab-t-1"]  # the container as the fake lists it, nothing more
+
+
+def test_lab_down_removes_the_storage_of_hosts_whose_containers_are_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host container removed by hand (or a run killed between volume and container) left
+    its engine's storage, which the next `lab up` of that name mounted as it was (seen: an
+    image the test expected absent); another lab's storage stays."""
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(tmp_path / "project"))
+    from umprov_lab import lab
+
+    names = ["umprov-lab-t-2-docker", "umprov-lab-t-repo-data", "umprov-lab-t-x-1-docker",
+             "umprov-lab-tt-1-docker", "umprov-lab-t-2-docker-old", "umprov-lab-t-2-other"]
+    gone: list[str] = []
+    client = _Client()
+    client.containers = SimpleNamespace(list=lambda **_kw: [])
+    client.volumes = SimpleNamespace(
+        list=lambda **_kw: [SimpleNamespace(name=n) for n in names],
+        get=lambda n: SimpleNamespace(remove=lambda **_kw: gone.append(n)))
+    monkeypatch.setattr(lab, "docker_engine", lambda *_a, **_k: client)
+
+    removed = lab.down("t")
+    assert gone == ["umprov-lab-t-2-docker", "umprov-lab-t-repo-data"]
+    assert removed == ["volume umprov-lab-t-2-docker", "volume umprov-lab-t-repo-data"]
