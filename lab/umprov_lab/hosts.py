@@ -187,10 +187,11 @@ def remove_volume(client: Any, volume: str) -> None:
         client.volumes.get(volume).remove(force=True)
 
 
-def orphan_volumes(client: Any, name: str) -> list[str]:
-    """Storage of lab ``name``'s containers that are gone (removed by hand, or a run killed
-    between a volume and its container): `lab up` would mount it as it was. Roles have no
-    '-', so another lab whose name starts with this one's is never matched."""
+def lab_volumes(client: Any, name: str) -> list[str]:
+    """Lab ``name``'s storage (a host's Docker engine, the registry's data), its containers'
+    and that of containers already gone (removed by hand, or a run killed between a volume and
+    its container), which `lab up` would mount as it was. Roles have no '-', so another lab
+    whose name starts with this one's is never matched."""
     pattern = re.compile(rf"{re.escape(container_name(name, ''))}(\d+|[a-z]+)-(docker|data)")
     return sorted(v.name for v in client.volumes.list() if pattern.fullmatch(v.name))
 

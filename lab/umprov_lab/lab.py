@@ -220,11 +220,10 @@ def down(name: str, *, purge: bool = False, progress: Progress = quiet) -> list[
         with contextlib.suppress(NotFound):  # removed meanwhile by another `lab down`
             container.remove(force=True, v=True)
         removed.append(container.name)
-        for suffix in ("-docker", "-data"):  # a host's Docker storage, the registry's data
-            lab_hosts.remove_volume(client, f"{container.name}{suffix}")
-    for volume in lab_hosts.orphan_volumes(client, name):
+    for volume in lab_hosts.lab_volumes(client, name):  # once the containers are gone
         lab_hosts.remove_volume(client, volume)
-        removed.append(f"volume {volume}")
+        if volume.rpartition("-")[0] not in removed:  # an orphan: said, as a container is
+            removed.append(f"volume {volume}")
     for network in lab_hosts.lab_networks(client, name):  # twins too (lab_networks says why)
         with contextlib.suppress(NotFound):
             network.remove()

@@ -77,3 +77,20 @@ def test_lab_down_removes_the_storage_of_hosts_whose_containers_are_gone(
     removed = lab.down("t")
     assert gone == ["umprov-lab-t-2-docker", "umprov-lab-t-repo-data"]
     assert removed == ["volume umprov-lab-t-2-docker", "volume umprov-lab-t-repo-data"]
+
+
+def test_lab_down_removes_its_containers_storage_and_says_only_the_containers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UMPROV_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("UMPROV_PROJECT_DIR", str(tmp_path / "project"))
+    from umprov_lab import lab
+
+    gone: list[str] = []
+    client = _Client()
+    client.volumes = SimpleNamespace(
+        list=lambda **_kw: [SimpleNamespace(name="umprov-lab-t-1-docker")],
+        get=lambda n: SimpleNamespace(remove=lambda **_kw: gone.append(n)))
+    monkeypatch.setattr(lab, "docker_engine", lambda *_a, **_k: client)
+    assert lab.down("t") == ["umprov-lab-t-1"]
+    assert gone == ["umprov-lab-t-1-docker"]

@@ -460,3 +460,16 @@ def test_a_settle_before_the_forward_disarms_it(routing):
     routing.calls.clear()
     torch.nn.Linear(2, 2)(torch.ones(1, 2))
     assert routing.calls == []
+
+
+def test_a_settle_during_a_capture_leaves_the_next_forward_armed(routing, monkeypatch):
+    import torch
+
+    routing.managed.repool(0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    routing.managed.settle()
+    assert "settle_hook" in routing.state
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    routing.calls.clear()
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))
+    assert routing.calls.count(("empty_cache",)) == 1

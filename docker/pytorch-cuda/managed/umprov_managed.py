@@ -191,11 +191,13 @@ def settle() -> None:
     import torch
 
     with _lock:
+        routed = sorted(_state.get("routed", ()))
+        if routed and torch.cuda.is_current_stream_capturing():
+            return  # an armed settle stays armed for the next forward
         armed = _state.pop("settle_hook", None)
         if armed is not None:
             armed.remove()
-        routed = sorted(_state.get("routed", ()))
-        if not routed or torch.cuda.is_current_stream_capturing():
+        if not routed:
             return
         for device in routed:
             _unroute(torch, device)
