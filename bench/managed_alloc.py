@@ -67,8 +67,8 @@ def child(case: dict) -> dict:
         reservation = ctypes.c_void_p()
         if cudart.cudaMalloc(ctypes.byref(reservation), ctypes.c_size_t(keep)) != 0:
             return {"error": f"could not reserve {keep / GIB:.1f} GiB"}
-    if case["allocator"] == "managed":
-        umprov_managed.enable()
+    if case["allocator"] == "managed":  # its reservoir: the working set, at most what was free
+        umprov_managed.enable(reservoir=int(max(2 * (case.get("left_gib") or 0), 1) * GIB))
     torch.manual_seed(0)
     dim, layers = case["dim"], case["layers"]
     try:

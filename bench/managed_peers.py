@@ -12,20 +12,17 @@ wrapping:
 - pool: ``UMPROV_MANAGED_MEMORY=1`` (the image's hook), the optimizer as written;
 - pool_gpu_step: the same with ``UMPROV_MANAGED_HOST_STEP=0``: the pool before the host step
   (the issue's baseline: the GPU's kernels over spilled state);
-- pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down to
-  pinned host memory during backward (opt-in: faster in run E, but more host memory);
-- reservoir: an experiment beside the pool, not what the image runs: PyTorch's own allocator
-  on device memory, and past it a ``use_on_oom`` MemPool of spilled managed memory
-  (``reservoir()``), the host step as with the pool;
+- pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down into
+  their homes in the reservoir during backward;
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 
 Also a size that fits (2 layers: default against pool) and the loss curve of the host step
 against the same model trained in device memory (2 layers, 20 steps, the host step forced).
 Every figure against the others of the same run; the pinned host-to-device rate measured here.
-Safety: the pool never asks for more managed memory than the GPU had free (its budget is what
-is free less a reserve); the spilled working set is checked against the host's available
-memory first. Results: bench/results/managed_peers.json, a table on stdout.
+Safety: the pool never asks for more managed memory than the GPU had free (its reservoir is
+``--left-gib``, kept on the host); the spilled working set is checked against the host's
+available memory first. Results: bench/results/managed_peers.json, a table on stdout.
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ from managed_alloc import GIB, NVLS_OFF, build, pinned_h2d
 from managed_alloc import after_first as step
 
 HERE = Path(__file__).resolve().parent
-RESERVOIR = 32 * GIB  # the reservoir run's spilled address space (a 15-layer run spills ~12)
 MANAGED = HERE.parent / "docker" / "pytorch-cuda" / "managed"
 NEIGHBOUR = """
 import sys, time, cupy
@@ -59,16 +55,13 @@ time.sleep(3600)
 
 # ---- the child: one run ------------------------------------------------------------------
 def child(run: dict) -> dict:
-    managed = run["how"].startswith("pool") or run["how"] == "reservoir"
+    managed = run["how"].startswith("pool")
     if managed:
         sys.path.insert(0, str(MANAGED))
         import umprov_managed
 
         umprov_managed.after_torch_import()
     import torch
-
-    if run["how"] == "reservoir":
-        reservoir(torch, umprov_managed)
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -127,28 +120,6 @@ def allocator_counts(torch) -> dict:  # noqa: ANN001 - the child's torch
     streams synchronised, segments asked of CUDA and given back); names a torch lacks: 0."""
     stats = torch.cuda.memory_stats()
     return {k: int(stats.get(k, 0)) for k in COUNTS}
-
-
-def reservoir(torch, managed) -> None:  # noqa: ANN001 - the child's torch and pool module
-    """The other design, measured beside the pool (an experiment, not what the image runs):
-    PyTorch's own allocator on device memory, routing nothing; where it runs out (after its
-    out-of-memory path released its cache) it takes free blocks of a MemPool marked
-    ``use_on_oom`` whose segments are managed memory on the host (budget 0: every segment
-    spilled), filled up front (torch takes only free blocks from such a pool, and only on the
-    stream they were made on). The host step as with the pool."""
-    from umprov_managed_step import install
-
-    torch.cuda.init()
-    library = managed._library(0, 0)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(str(managed.LIBRARY),
-                                                         "umprov_um_malloc", "umprov_um_free")
-    pool = torch.cuda.MemPool(allocator.allocator(), use_on_oom=True)
-    managed._state.update(library=library, allocator=allocator, reservoir=pool)
-    with torch.cuda.use_mem_pool(pool):  # address space only: pages come at first touch
-        held = [torch.empty(RESERVOIR, dtype=torch.uint8, device="cuda")]
-        held += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(256)]
-    del held
-    install(library)
 
 
 def where_step(torch, managed, model, opt, x) -> dict:  # noqa: ANN001 - the child's torch
@@ -213,12 +184,13 @@ def optimizer(torch, model, run: dict):  # noqa: ANN001, ANN201 - torch is the c
 
 
 # ---- the parent ---------------------------------------------------------------------------
-def run_child(library: Path, timeout: float, **run: object) -> dict:
+def run_child(library: Path, timeout: float, reservoir_gib: float, **run: object) -> dict:
     env = {**os.environ, **NVLS_OFF, "UMPROV_MANAGED_LIBRARY": str(library),
+           "UMPROV_MANAGED_RESERVOIR": f"{reservoir_gib}g",
            "UMPROV_MANAGED_MEMORY": "1" if str(run["how"]).startswith("pool") else "0",
            "UMPROV_MANAGED_HOST_STEP": {"pool_gpu_step": "0", "pool_host_step": "1"}.get(
                str(run["how"]), "auto"),
-           "UMPROV_MANAGED_GRADS_DOWN": "1" if run["how"] == "pool_grads_down" else "0"}
+           "UMPROV_MANAGED_GRADS_DOWN": "1" if str(run["how"]).endswith("grads_down") else "0"}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(run)], env=env,
@@ -237,7 +209,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
     runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
             for dtype, optim, hows in (
                 ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_down", "pool",
-                                   "reservoir", "torchao", "fsdp2")),
+                                   "torchao", "fsdp2")),
                 ("fp32", "adamw_fused", ("pool", "torchao")),
                 ("fp32", "sgd", ("pool_gpu_step", "pool", "torchao")),
                 ("bf16", "adamw", ("pool", "torchao", "fsdp2")))
@@ -304,7 +276,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             library = build(Path(tmp))
             for run in plan(args):
-                results.append(run_child(library, args.timeout, **run))
+                results.append(run_child(library, args.timeout, args.left_gib, **run))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "losses"}),
                       file=sys.stderr, flush=True)
     finally:

@@ -52,10 +52,10 @@ def train(m: torch.nn.Module, opt: torch.optim.Optimizer, data: list, *, accumul
 def case_stats() -> dict:
     x = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
     allocated, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-    summary = torch.cuda.memory_summary()
+    summary, pool = torch.cuda.memory_summary(), umprov_managed.stats()
     del x
     return {"allocated": allocated, "peak": peak, "summary_lines": len(summary.splitlines()),
-            "after_free": torch.cuda.memory_allocated(), "pool": umprov_managed.stats()}
+            "after_free": torch.cuda.memory_allocated(), "pool": pool}
 
 
 def case_cudnn() -> dict:
@@ -135,9 +135,8 @@ def case_side_stream() -> dict:
 
 
 def reserved_over_steps(side: torch.cuda.Stream, steps: int = 4) -> list[int]:
-    """Memory reserved after each of a few steps that free a block used on a side stream: on
-    the pool, such a block waits for the step to come back (the caching allocator holds it
-    while routing is on), and must not be held for good."""
+    """Memory reserved after each of a few steps that free a block used on a side stream:
+    such a block comes back once the side stream is done with it, never held for good."""
     p = torch.nn.Parameter(torch.zeros(1, device=DEV))
     opt = torch.optim.SGD([p], lr=0.1)
     reserved = []

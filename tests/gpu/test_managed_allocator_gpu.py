@@ -50,11 +50,11 @@ def test_the_environment_switch_enables_it_at_torchs_import(tmp_path):
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert stats["allocations"] >= 1 and stats["placed"] >= 4 << 20, stats
+    assert stats["reservoir"] >= 1 << 30 and stats["placed"] >= 4 << 20, stats
     off = subprocess.run([sys.executable, "-c", script, str(MANAGED)], capture_output=True,
                          text=True, timeout=300, env={**env, "UMPROV_MANAGED_MEMORY": "0"})
     assert off.returncode == 0 and json.loads(off.stdout.strip().splitlines()[-1])[
-        "allocations"] == 0, off.stderr[-2000:]
+        "reservoir"] == 0, off.stderr[-2000:]
 
 
 def test_the_agent_proves_a_step_past_its_device_budget(agent, tmp_path, gpu_count):

@@ -57,7 +57,8 @@ def test_cuda_malloc_async_leaves_the_pool_off_in_one_line_and_the_job_runs(libr
 
 def test_memory_statistics_tell_the_truth(library):
     facts, _ = run(library, "stats")
-    assert facts["enabled"] and facts["pool"]["placed"] >= 256 << 20
+    assert facts["enabled"] and facts["pool"]["placed"] >= 256 << 20  # on the device
+    assert facts["pool"]["spilled"] == 0 and facts["pool"]["reservoir"] >= 1 << 30
     assert facts["allocated"] >= 256 << 20 and facts["peak"] >= facts["allocated"]
     assert facts["after_free"] < 256 << 20 and facts["summary_lines"] > 10
 

@@ -249,15 +249,15 @@ def test_ssh_logins_get_the_pool_switch_and_the_given_environment(
     secret = "two words \"quoted\" \\ and $HOME 'single'"
     monkeypatch.setenv("UMPROV_TEST_SECRET", secret)
     result, hosts = deploy("--limit", name, "--managed-memory", "--env",
-                           "UMPROV_MANAGED_RESERVE=2g", "--env", "UMPROV_TEST_SECRET")
+                           "UMPROV_MANAGED_RESERVOIR=8g", "--env", "UMPROV_TEST_SECRET")
     assert result.exit_code == 0, result.stderr
     host = hosts[name]
     assert host["status"] == "replaced", host
-    assert host["changed"] == ["managed memory on", "env UMPROV_MANAGED_RESERVE added",
+    assert host["changed"] == ["managed memory on", "env UMPROV_MANAGED_RESERVOIR added",
                                "env UMPROV_TEST_SECRET added"]
     assert host["managed_memory"] is True and host["managed_memory_pool"] is False
     assert "was built without it" in host["warnings"][0]
-    names = "UMPROV_MANAGED_MEMORY UMPROV_MANAGED_RESERVE UMPROV_TEST_SECRET"
+    names = "UMPROV_MANAGED_MEMORY UMPROV_MANAGED_RESERVOIR UMPROV_TEST_SECRET"
     for command in (f"printenv {names}; command -v python",
                     f"bash -lc 'printenv {names}; command -v python'"):
         done = container_ssh(name, command)

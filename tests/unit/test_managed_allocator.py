@@ -8,6 +8,7 @@ these segments): there is no cache here to test. On a GPU: tests/gpu."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import random
 import shutil
@@ -391,85 +392,141 @@ def test_the_python_side_reads_sizes_as_people_write_them():
             size_of(bad)
 
 
-# the routing over torch's caching allocator, with torch's pool calls stood in for
+# the reservoir behind torch's caching allocator, with torch's calls stood in for
+
+
+class Pool:
+    """torch.cuda.MemPool: its segments as snapshot() lists them."""
+
+    def __init__(self, allocator: object, use_on_oom: bool = False) -> None:
+        self.use_on_oom, self.segments = use_on_oom, []
+
+    def snapshot(self) -> list[dict]:
+        return self.segments
 
 
 @pytest.fixture
-def routing(monkeypatch):
-    """umprov_managed's routing on CPU torch: torch's pool calls recorded, one routed device."""
-    import torch
+def reservoir(monkeypatch):
+    """umprov_managed's state as _start leaves it, and a stand-in torch whose calls are
+    logged: the device selected, tensors made (in which pool), the memory fraction set."""
     import umprov_managed
 
-    calls: list[tuple] = []
+    log: list[tuple] = []
+    in_pool: list = []
 
-    class Pool:
-        made = 0
+    @contextlib.contextmanager
+    def device(index: int):
+        log.append(("device", index))
+        yield
 
-        def __init__(self, allocator: object) -> None:
-            Pool.made += 1
-            self.id = (0, Pool.made)
+    @contextlib.contextmanager
+    def use_mem_pool(pool: Pool, device: object = None):
+        in_pool.append(pool)
+        yield
+        in_pool.pop()
 
-        def __del__(self) -> None:
-            calls.append(("retired", self.id))
+    def empty(size: int, **kwargs: object) -> int:
+        if size > fake.refuse_past:
+            raise fake.OutOfMemoryError("CUDA out of memory")
+        log.append(("empty", size, in_pool[-1].use_on_oom if in_pool else None))
+        return size
 
-    monkeypatch.setattr(torch.cuda, "MemPool", Pool, raising=False)
-    monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", lambda d: 0)
-    monkeypatch.setattr(torch.cuda, "_exchange_device", lambda d: 0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
-    for name in ("beginAllocateToPool", "endAllocateToPool", "releasePool"):
-        monkeypatch.setattr(torch._C, f"_cuda_{name}",
-                            lambda d, pid, name=name: calls.append((name, pid)), raising=False)
-    state = {"allocator": SimpleNamespace(allocator=lambda: None), "pools": {}, "routed": set()}
+    cuda = SimpleNamespace(
+        device=device, MemPool=Pool, Stream=lambda: "stream", use_mem_pool=use_mem_pool, device_count=lambda: 2,
+        current_device=lambda: 0, set_device=lambda d: log.append(("set_device", d)),
+        get_device_properties=lambda d: SimpleNamespace(total_memory=80 << 30),
+        set_per_process_memory_fraction=lambda f, d: log.append(("fraction", f, d)),
+        _utils=SimpleNamespace(_get_device_index=int))
+    fake = SimpleNamespace(cuda=cuda, empty=empty, uint8="uint8", refuse_past=1 << 50,
+                           OutOfMemoryError=type("OutOfMemoryError", (RuntimeError,), {}))
+    state = {"allocator": SimpleNamespace(allocator=lambda: None), "budget": -1,
+             "reservoir": 4 << 30, "reservoirs": {}, "sizes": {}, "peak": 0}
     monkeypatch.setattr(umprov_managed, "_state", state)
-    umprov_managed._route(torch, 0)
-    calls.clear()
-    yield SimpleNamespace(calls=calls, state=state, managed=umprov_managed, torch=torch)
-    handle = state.pop("settle_hook", None)
-    if handle is not None:
-        handle.remove()
+    return SimpleNamespace(log=log, torch=fake, state=state, managed=umprov_managed)
 
 
-def test_settle_frees_with_routing_off_and_gives_back_what_routing_took(routing):
-    routing.managed.settle()
-    assert routing.calls == [("endAllocateToPool", (0, 1)), ("releasePool", (0, 1)),
-                             ("empty_cache",), ("beginAllocateToPool", (0, 1))]
+def test_a_reservoir_is_one_large_free_block_and_small_ones_of_a_use_on_oom_pool(reservoir):
+    reservoir.managed._fill(reservoir.torch, 1)
+    log, small = reservoir.log, reservoir.managed.SMALL
+    assert log[0] == ("device", 1) and log[1] == ("empty", 4 << 30, True)
+    assert log[2:] == [("empty", MIB, True)] * small  # all freed again: free blocks
+    assert reservoir.state["sizes"] == {1: (4 << 30) + small * MIB}
+    reservoir.managed._fill(reservoir.torch, 1)  # once a device
+    assert len(log) == 2 + small and not any(e[0] == "fraction" for e in log)
 
 
-def test_repool_retires_the_pool_and_settles_once_at_the_next_forward(routing):
-    """Gradients zero_grad lets go after the step belong to the retired pool: given back
-    before the new pool's first allocation (the next forward), once."""
-    import torch
-
-    routing.managed.repool(0)
-    assert ("retired", (0, 1)) in routing.calls
-    assert routing.calls[-1] == ("beginAllocateToPool", (0, 2))
-    routing.calls.clear()
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-    model(torch.ones(1, 2))  # three module calls, one settle
-    model(torch.ones(1, 2))
-    assert routing.calls.count(("empty_cache",)) == 1
-    assert "settle_hook" not in routing.state
+def test_a_budget_caps_torchs_own_memory_with_the_reservoir_counted_in(reservoir):
+    reservoir.state["budget"] = 8 << 30
+    reservoir.managed._fill(reservoir.torch, 0)
+    want = (8 << 30) + reservoir.state["sizes"][0]
+    assert reservoir.log[-1] == ("fraction", want / (80 << 30), 0)
 
 
-def test_a_settle_before_the_forward_disarms_it(routing):
-    import torch
-
-    routing.managed.repool(0)
-    routing.managed.settle()  # the next optimizer step came first
-    routing.calls.clear()
-    torch.nn.Linear(2, 2)(torch.ones(1, 2))
-    assert routing.calls == []
+def test_a_budget_past_the_gpu_with_the_reservoir_names_both(reservoir):
+    reservoir.state["budget"] = 78 << 30
+    with pytest.raises(RuntimeError, match="UMPROV_MANAGED_BUDGET=.*lower UMPROV_MANAGED_RES"):
+        reservoir.managed._fill(reservoir.torch, 0)
 
 
-def test_a_settle_during_a_capture_leaves_the_next_forward_armed(routing, monkeypatch):
-    import torch
+def test_a_reservoir_the_host_refuses_or_too_small_to_use_is_one_line(reservoir):
+    reservoir.torch.refuse_past = 1 << 30
+    with pytest.raises(RuntimeError, match="host refused a reservoir of 4096 MiB"):
+        reservoir.managed._fill(reservoir.torch, 0)
+    reservoir.state["reservoir"] = 128 * MIB
+    with pytest.raises(RuntimeError, match="128 MiB is too small"):
+        reservoir.managed._fill(reservoir.torch, 0)
+    assert reservoir.state["reservoirs"] == {}
 
-    routing.managed.repool(0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    routing.managed.settle()
-    assert "settle_hook" in routing.state
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    routing.calls.clear()
-    torch.nn.Linear(2, 2)(torch.ones(1, 2))
-    assert routing.calls.count(("empty_cache",)) == 1
+
+def test_the_default_reservoir_is_half_the_hosts_spare_memory_per_local_process(
+        reservoir, tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 999 kB\nMemAvailable: 68157440 kB\n")  # 65 GiB
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("UMPROV_MANAGED_HOST_RESERVE", raising=False)
+    assert reservoir.managed._default_size(str(meminfo)) == 63 << 29  # (65 - 2) / 2 GiB
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("UMPROV_MANAGED_HOST_RESERVE", "1g")
+    assert reservoir.managed._default_size(str(meminfo)) == 8 << 30
+
+
+@pytest.mark.parametrize(("rank", "device"), [(None, 0), ("1", 1), ("5", 0), ("x", 0)])
+def test_the_first_reservoir_is_local_ranks_device_else_the_current_one(
+        reservoir, monkeypatch, rank, device):
+    if rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", rank)
+    assert reservoir.managed._first_device(reservoir.torch) == device
+
+
+def test_set_device_that_starts_cuda_makes_the_selected_devices_reservoir_first(reservoir):
+    """torch's set_device starts CUDA before it selects: the reservoir (and the context)
+    must be the selected device's, not the current one's."""
+    seen = []
+    reservoir.torch.cuda.set_device = lambda d: seen.append(
+        reservoir.managed._first_device(reservoir.torch))
+    reservoir.managed._patch_set_device(reservoir.torch)
+    reservoir.torch.cuda.set_device(1)
+    assert seen == [1] and "selecting" not in reservoir.state
+    assert reservoir.managed._first_device(reservoir.torch) == 0
+
+
+def test_set_device_makes_that_devices_reservoir_or_says_why_not(reservoir, capsys):
+    reservoir.managed._patch_set_device(reservoir.torch)
+    reservoir.torch.cuda.set_device(1)
+    assert reservoir.log[0] == ("set_device", 1) and 1 in reservoir.state["reservoirs"]
+    reservoir.torch.refuse_past = 1 << 30
+    reservoir.torch.cuda.set_device(0)  # the job goes on, without one there
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["umprov managed memory: not on GPU 0: the host refused a reservoir of "
+                   "4096 MiB (UMPROV_MANAGED_RESERVOIR, UMPROV_MANAGED_HOST_RESERVE)"]
+
+
+def test_spilled_is_the_live_bytes_in_the_reservoirs_and_keeps_its_peak(reservoir):
+    pool = Pool(None, use_on_oom=True)
+    reservoir.state["reservoirs"] = {0: pool}
+    pool.segments = [{"allocated_size": 3 * MIB}, {"allocated_size": 0}]
+    assert reservoir.managed.spilled() == 3 * MIB
+    pool.segments = [{"allocated_size": MIB}]
+    assert reservoir.managed.spilled() == MIB and reservoir.state["peak"] == 3 * MIB

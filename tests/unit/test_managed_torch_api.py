@@ -50,51 +50,42 @@ TORCH_2_9 = frozenset({
     "torch.Tensor.to",
     "torch.Tensor.view",
     "torch.Tensor.view_as",
-    "torch._C",
-    "torch._C._cuda_beginAllocateToPool",
-    "torch._C._cuda_endAllocateToPool",
-    "torch._C._cuda_releasePool",
     "torch.cuda",
+    "torch.OutOfMemoryError",
     "torch.cuda.Event",
     "torch.cuda.Event.record",
     "torch.cuda.Event.synchronize",
     "torch.cuda.MemPool",
-    "torch.cuda.MemPool.id",
     "torch.cuda.Stream",
-    "torch.cuda.Stream.wait_event",
     "torch.cuda.Stream.wait_stream",
-    "torch.cuda._exchange_device",
     "torch.cuda._lazy_call",
-    "torch.cuda._maybe_exchange_device",
     "torch.cuda._utils",
     "torch.cuda._utils._get_device_index",
     "torch.cuda.current_device",
+    "torch.cuda.device",
+    "torch.cuda.get_device_properties",
+    "torch.cuda.memory_allocated",
+    "torch.cuda.set_device",
+    "torch.cuda.set_per_process_memory_fraction",
+    "torch._C._CudaDeviceProperties.total_memory",
+    "torch.cuda.MemPool.snapshot",
+    "torch.cuda.Stream.wait_event",
     "torch.cuda.current_stream",
     "torch.cuda.device_count",
     "torch.cuda.empty_cache",
-    "torch.cuda.graphs",
-    "torch.cuda.graphs.CUDAGraph",
-    "torch.cuda.graphs.CUDAGraph.capture_begin",
-    "torch.cuda.graphs.CUDAGraph.capture_end",
     "torch.cuda.is_available",
-    "torch.cuda.is_current_stream_capturing",
     "torch.cuda.is_initialized",
     "torch.cuda.memory",
     "torch.cuda.memory.CUDAPluggableAllocator",
     "torch.cuda.memory.CUDAPluggableAllocator.allocator",
-    "torch.cuda.memory.use_mem_pool",
     "torch.cuda.stream",
     "torch.cuda.use_mem_pool",
-    "torch.compiler",
-    "torch.compiler.is_compiling",
     "torch.dtype",
     "torch.empty",
+    "torch.as_tensor",
+    "torch.device",
     "torch.float32",
     "torch.frombuffer",
-    "torch.nn",
-    "torch.nn.modules",
-    "torch.nn.modules.module",
-    "torch.nn.modules.module.register_module_forward_pre_hook",
     "torch.no_grad",
     "torch.optim",
     "torch.optim.Adadelta",
@@ -115,13 +106,11 @@ TORCH_2_9 = frozenset({
     "torch.optim.optimizer.register_optimizer_step_post_hook",
     "torch.optim.optimizer.register_optimizer_step_pre_hook",
     "torch.uint8",
-    "torch.as_tensor",
     "torch.Tensor.register_post_accumulate_grad_hook",
     "torch.autograd",
     "torch.autograd.Variable",
     "torch.autograd.Variable._execution_engine",  # set in torch/autograd/variable.py
     "torch.autograd.Variable._execution_engine.queue_callback",  # DDP's reducer uses it
-    "torch.device",
     "torch.distributed",
     "torch.distributed.is_available",
     "torch.distributed.is_initialized",
@@ -129,14 +118,14 @@ TORCH_2_9 = frozenset({
 
 # Reached through an object, not a torch. chain: (the name, how the modules' source spells it)
 INDIRECT = [
-    ("torch.cuda.graphs.CUDAGraph.capture_begin", "graph.capture_begin"),
-    ("torch.cuda.graphs.CUDAGraph.capture_end", "graph.capture_end"),
     ("torch.cuda.memory.CUDAPluggableAllocator.allocator", '_state["allocator"].allocator()'),
-    ("torch.cuda.MemPool.id", "pools[device].id"),
     ("torch.cuda.Stream.wait_stream", "stream.wait_stream("),
+    ("torch.cuda.Event.record", "self.uploaded.record("),
+    ("torch.cuda.Event.record", "done.record(self.down)"),
+    ("torch.cuda.MemPool.snapshot", "pool.snapshot()"),
     ("torch.cuda.Stream.wait_event", "stream.wait_event(copied)"),
     ("torch.cuda.Event.record", "copied.record(self.down)"),
-    ("torch.cuda.Event.record", "self.uploaded.record("),
+    ("torch._C._CudaDeviceProperties.total_memory", "get_device_properties(device).total_memory"),
     ("torch.cuda.Event.synchronize", "self.uploaded.synchronize()"),
     ("torch.optim.Optimizer.step", "type(opt).step"),
     ("torch.optim.Optimizer.param_groups", "opt.param_groups"),
@@ -164,8 +153,7 @@ INSTANCE = {
     "torch.optim.Optimizer.state": "torch.optim.SGD([torch.zeros(1, requires_grad=True)])",
 }
 # Only in a CUDA build of torch (bound by torch._C's CUDA module at its import)
-CUDA_ONLY = {"torch._C._cuda_beginAllocateToPool", "torch._C._cuda_endAllocateToPool",
-             "torch._C._cuda_releasePool"}
+CUDA_ONLY = {"torch._C._CudaDeviceProperties.total_memory"}
 
 
 def used_names(source: str) -> tuple[set[str], set[str]]:
@@ -217,8 +205,8 @@ def test_the_scan_finds_what_the_modules_use():
     assert imported == {"torch", "torch.optim.optimizer", "torch.optim.optimizer.a",
                         "torch.optim.optimizer.b"}
     chains, imported = all_used()
-    assert {"torch.cuda.MemPool", "torch._C._cuda_beginAllocateToPool",
-            "torch.cuda.graphs.CUDAGraph", "torch.optim.AdamW"} <= chains
+    assert {"torch.cuda.MemPool", "torch.cuda.set_per_process_memory_fraction",
+            "torch.cuda.use_mem_pool", "torch.optim.AdamW"} <= chains
     assert "torch.optim.optimizer.register_optimizer_step_pre_hook" in imported
 
 
@@ -237,6 +225,7 @@ def test_a_name_that_torch_2_9_lacks_fails_the_check():
               "def f(graph):\n    torch.cuda.graphs.CUDAGraph.get_graph_data(graph)\n"
               "    return torch.cuda.MemPool\n")
     assert unverified(*used_names(source)) == [
+        "torch.cuda.graphs", "torch.cuda.graphs.CUDAGraph",  # in 2.9, but not on the list
         "torch.cuda.graphs.CUDAGraph.get_graph_data",
         "torch.cuda.memory.caching_allocator_disabled"]
 

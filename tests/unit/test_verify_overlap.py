@@ -137,7 +137,7 @@ def test_the_warm_up_step_runs_before_the_gate_and_every_step_under_both_locks(
     em = Emitter()
     oversub.child_oversub(em, {"lock": str(lock), "profiles": BUILTIN_PROFILES,
                                "timeout": 30}, 0)
-    assert enabled == [{"budget": oversub.BUDGET, "reserve": 0}]
+    assert enabled == [{"budget": oversub.BUDGET, "reservoir": 1 << 30}]  # 2 x the working set
     assert [s["gate"] for s in steps] == [False] + [True] * (oversub.STEPS - 1)
     assert all(s["locks"] == (True, True) for s in steps), steps
     (rec, done) = em.records

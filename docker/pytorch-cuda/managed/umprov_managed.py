@@ -1,31 +1,36 @@
-"""PyTorch on CUDA managed (unified) memory: umprov's pool (docs/managed-memory.md).
+"""PyTorch on CUDA managed (unified) memory: umprov's reservoir (docs/managed-memory.md).
 
     import umprov_managed
     umprov_managed.enable()          # before the tensors that should be managed
     ...
-    umprov_managed.stats()           # bytes placed on the GPU and spilled to the host
+    umprov_managed.stats()           # bytes on the GPU and spilled to the host
 
 In umprov's image, UMPROV_MANAGED_MEMORY=1 (`umprov deploy --managed-memory`) enables it in
 every Python that imports torch: umprov_managed.pth installs ``after_torch_import``.
 
-PyTorch's caching allocator stays the allocator: every allocation of the process is routed
-into a ``torch.cuda.MemPool`` per device whose segments are managed memory
-(libumprov_managed.so), so ``torch.cuda.memory_allocated``, ``record_stream``, cuDNN's
-benchmark and CUDA graphs work as without it. A CUDA graph's capture and a
-``torch.cuda.use_mem_pool`` block get their own pool, as they would without it.
+PyTorch's caching allocator stays the allocator, on device memory, untouched: statistics,
+``record_stream``, cuDNN, CUDA graphs and expandable segments work as without it. Where it
+runs out (after its own out-of-memory path gave its cache back), it takes a free block of the
+device's reservoir instead of raising: a ``torch.cuda.MemPool(..., use_on_oom=True)`` whose
+segments are managed memory kept on the host and mapped for the GPU (libumprov_managed.so),
+allocated up front as address space (host pages come at first touch). PyTorch takes only free
+blocks from such a pool, and only on the stream they were made on: the device's current
+stream when its reservoir is made (at CUDA's start for the current device, or LOCAL_RANK's
+under torchrun, and at ``torch.cuda.set_device``); an allocation on another stream past the
+GPU's memory raises out-of-memory as it would without it.
 
-UMPROV_MANAGED_BUDGET (bytes, or with k/m/g) caps the device memory segments are placed in;
-by default it is what the GPU has free at the first segment, less UMPROV_MANAGED_RESERVE
-(default 1g) for what allocates outside PyTorch (CUDA's own context, NCCL, cuDNN). Spilled
-segments are bounded by the host's available memory less UMPROV_MANAGED_HOST_RESERVE
-(default 2g); past it PyTorch raises out-of-memory.
+UMPROV_MANAGED_RESERVOIR (bytes, or with k/m/g) sizes each device's reservoir; by default
+half of the host's available memory (less UMPROV_MANAGED_HOST_RESERVE, default 2g) shared
+among the node's processes (LOCAL_WORLD_SIZE): the other half is the optimizer's host step's.
+UMPROV_MANAGED_BUDGET caps the device memory PyTorch itself takes (a process memory fraction
+with the reservoir counted in), so the reservoir is used sooner (tests, umprov verify).
+The reservoir counts in ``torch.cuda.memory_reserved`` as any pool's segments do.
 
 Only what torch 2.9 and later both have is used (tests/unit/test_managed_torch_api.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import importlib.abc
@@ -33,17 +38,18 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 LIBRARY = Path(os.environ.get("UMPROV_MANAGED_LIBRARY",
                               str(Path(__file__).with_name("libumprov_managed.so"))))
 STATS = ("budget", "placed", "spilled", "peak_placed", "peak_spilled", "allocations",
-         "failed_advice", "refused", "host_budget")
+         "failed_advice", "refused", "host_budget")  # the library's counters, in its order
+MIN_RESERVOIR = 256 << 20  # smaller is not worth a reservoir (a host short of memory)
+SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or less apart
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
-_state: dict[str, Any] = {}  # library, allocator, pools by device, routed devices
+_state: dict[str, Any] = {}  # library, allocator, reservoirs and their sizes by device
 _lock = threading.RLock()
 
 
@@ -85,7 +91,9 @@ def _env_size(name: str, default: str) -> int:
         raise RuntimeError(f"{name}={value!r} is not a size (bytes, or with k/m/g)") from None
 
 
-def _library(budget: int, reserve: int) -> ctypes.CDLL:
+def _library() -> ctypes.CDLL:
+    """The segment library with a device budget of 0: every segment it makes is kept on the
+    host and mapped for the GPU."""
     cudart = _cudart()
     version = ctypes.c_int()
     cudart.cudaRuntimeGetVersion(ctypes.byref(version))
@@ -99,16 +107,16 @@ def _library(budget: int, reserve: int) -> ctypes.CDLL:
     host_reserve = _env_size("UMPROV_MANAGED_HOST_RESERVE", "2g")
     rc = lib.umprov_um_init(address("cudaMallocManaged"), address("cudaFree"),
                             address("cudaMemGetInfo"), address("cudaMemAdvise"),
-                            address("cudaMemPrefetchAsync"), version.value, budget, reserve,
-                            -1, host_reserve)
+                            address("cudaMemPrefetchAsync"), version.value, 0, 0, -1, host_reserve)
     if rc != 0:
         raise RuntimeError(f"{LIBRARY}: umprov_um_init failed ({rc})")
     return lib
 
 
-def enable(budget: int | None = None, reserve: int | None = None) -> None:
-    """Route every CUDA allocation of this process into managed-memory pools (from now on, or
-    from CUDA's start when it has not started)."""
+def enable(budget: int | None = None, reservoir: int | None = None) -> None:
+    """A reservoir of managed memory behind PyTorch's allocator on each device this process
+    uses (from now on, or from CUDA's start when it has not started). ``budget``: the device
+    bytes PyTorch itself may take; ``reservoir``: each reservoir's bytes."""
     import torch
 
     if _state:
@@ -121,9 +129,11 @@ def enable(budget: int | None = None, reserve: int | None = None) -> None:
                            "memory pool: PyTorch runs on it, without managed memory")
     env_budget = os.environ.get("UMPROV_MANAGED_BUDGET", "")
     budget = budget if budget is not None else size_of(env_budget) if env_budget else -1
-    reserve = reserve if reserve is not None else _env_size("UMPROV_MANAGED_RESERVE", "1g")
-    _state.update(budget=budget, reserve=reserve, pools={}, routed=set())
-    _patch_other_pools(torch)
+    env_size = os.environ.get("UMPROV_MANAGED_RESERVOIR", "")
+    if reservoir is None and env_size:
+        reservoir = _env_size("UMPROV_MANAGED_RESERVOIR", env_size)
+    _state.update(budget=budget, reservoir=reservoir, reservoirs={}, sizes={}, peak=0)
+    _patch_set_device(torch)
     if torch.cuda.is_initialized():
         _start(torch)
     else:
@@ -136,160 +146,107 @@ def _start_or_say(torch: Any) -> None:
     try:
         _start(torch)
     except Exception as exc:  # noqa: BLE001 - torch works on; say why it is not managed
-        for device in list(_state.get("routed", ())):
-            _unroute(torch, device)
         _state.clear()
         print(f"umprov managed memory: not enabled: {exc}", file=sys.stderr)
 
 
 def _start(torch: Any) -> None:
-    """The library, its allocator, every device routed, the optimizer's host step."""
+    """The library, its allocator, the first device's reservoir, the optimizer's host step."""
     with _lock:
         if "allocator" in _state:
             return
-        library = _library(_state["budget"], _state["reserve"])
+        library = _library()
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             str(LIBRARY), "umprov_um_malloc", "umprov_um_free")
         from umprov_managed_step import install  # the optimizer's step where its state lives
 
         _state.update(library=library, allocator=allocator)
-        for device in range(torch.cuda.device_count()):
-            _route(torch, device)
+        _fill(torch, _first_device(torch))
         install(library)
 
 
-def _route(torch: Any, device: int) -> None:
-    """Every allocation on ``device``, from any thread or stream, into its managed pool."""
-    pools = _state["pools"]
-    if device not in pools:
-        # the pool belongs to the current device: select it without creating its context
-        previous = torch.cuda._maybe_exchange_device(device)
-        try:
-            pools[device] = torch.cuda.MemPool(_state["allocator"].allocator())
-        finally:
-            torch.cuda._exchange_device(previous)
-    torch._C._cuda_beginAllocateToPool(device, pools[device].id)
-    _state["routed"].add(device)
+def _first_device(torch: Any) -> int:
+    """The device this process works on: the one set_device selects where that call starts
+    CUDA (before the device is current), else LOCAL_RANK's under torchrun, else the current
+    one. One context, not one a GPU."""
+    if "selecting" in _state:
+        return _state["selecting"]
+    rank = os.environ.get("LOCAL_RANK", "")
+    count = torch.cuda.device_count()
+    return int(rank) if rank.isdigit() and int(rank) < count else torch.cuda.current_device()
 
 
-def _unroute(torch: Any, device: int) -> None:
-    """Routing off; the reference routing took on the pool given back (as torch's own
-    use_mem_pool does), so a retired pool can become freeable."""
-    pool = _state["pools"][device]
-    torch._C._cuda_endAllocateToPool(device, pool.id)
-    torch._C._cuda_releasePool(device, pool.id)
-    _state["routed"].discard(device)
+def _default_size(meminfo_path: str = "/proc/meminfo") -> int:
+    """Half the host's available memory less its reserve, shared by the node's processes."""
+    with open(meminfo_path) as meminfo:
+        kib = next(int(ln.split()[1]) for ln in meminfo if ln.startswith("MemAvailable:"))
+    spare = (kib << 10) - _env_size("UMPROV_MANAGED_HOST_RESERVE", "2g")
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return spare // 2 // (int(local) if local.isdigit() and int(local) > 0 else 1)
 
 
-def settle() -> None:
-    """Blocks freed after ``record_stream`` back into the pool, and retired pools' free
-    segments given back. While routing is on, the caching allocator counts it as a capture
-    underway: such blocks wait for a moment with no capture, and it never releases cached
-    segments before raising out-of-memory. Here routing is off for that moment: empty_cache
-    waits for their streams, frees them, and releases what no live pool holds. Once a step
-    (umprov_managed_step's pre-step hook)."""
-    import torch
-
+def _fill(torch: Any, device: int) -> None:
+    """``device``'s reservoir: a use_on_oom pool of managed memory, one large free block and
+    SMALL small ones, made on the device's current stream; then the budget, if one is set."""
     with _lock:
-        routed = sorted(_state.get("routed", ()))
-        if routed and torch.cuda.is_current_stream_capturing():
-            return  # an armed settle stays armed for the next forward
-        armed = _state.pop("settle_hook", None)
-        if armed is not None:
-            armed.remove()
-        if not routed:
+        if device in _state["reservoirs"]:
             return
-        for device in routed:
-            _unroute(torch, device)
+        size = _state["reservoir"] if _state["reservoir"] is not None else _default_size()
+        if size < MIN_RESERVOIR:
+            raise RuntimeError(f"a reservoir of {size >> 20} MiB is too small to be of use "
+                               "(UMPROV_MANAGED_RESERVOIR, or the host's available memory)")
+        with torch.cuda.device(device):
+            pool = torch.cuda.MemPool(_state["allocator"].allocator(), use_on_oom=True)
+            try:
+                with torch.cuda.use_mem_pool(pool):
+                    held = [torch.empty(size, dtype=torch.uint8, device="cuda")]
+                    held += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+                             for _ in range(SMALL)]
+            except torch.OutOfMemoryError:
+                raise RuntimeError(f"the host refused a reservoir of {size >> 20} MiB "
+                                   "(UMPROV_MANAGED_RESERVOIR, UMPROV_MANAGED_HOST_RESERVE)"
+                                   ) from None
+            del held
+            # the host step's copy streams, made while the device has room: CUDA needs
+            # device memory for a stream, and PyTorch may have taken it all by the step
+            _state.setdefault("streams", {})[device] = (torch.cuda.Stream(), torch.cuda.Stream())
+        _state["reservoirs"][device] = pool
+        _state["sizes"][device] = size + SMALL * (1 << 20)
+        if _state["budget"] >= 0:
+            _cap(torch, device)
+
+
+def _cap(torch: Any, device: int) -> None:
+    """PyTorch's own device memory capped at the budget: its memory fraction counts every
+    segment, so the reservoir's address space is counted in."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = (_state["budget"] + _state["sizes"][device]) / total
+    if fraction > 1:
+        raise RuntimeError(f"UMPROV_MANAGED_BUDGET={_state['budget']} with a reservoir of "
+                           f"{_state['sizes'][device] >> 20} MiB is more than the GPU's "
+                           f"{total >> 20} MiB: lower UMPROV_MANAGED_RESERVOIR")
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
+def _patch_set_device(torch: Any) -> None:
+    """The device a script selects gets its reservoir then (DDP's set_device(local_rank))."""
+    select = torch.cuda.set_device
+
+    @functools.wraps(select)
+    def set_device(device: Any) -> None:
+        index = torch.cuda._utils._get_device_index(device)
+        _state["selecting"] = index  # where set_device is CUDA's start: _first_device
         try:
-            torch.cuda.empty_cache()
+            select(device)
         finally:
-            for device in routed:
-                _route(torch, device)
+            _state.pop("selecting", None)
+        if "allocator" in _state:
+            try:
+                _fill(torch, index)
+            except RuntimeError as exc:
+                print(f"umprov managed memory: not on GPU {index}: {exc}", file=sys.stderr)
 
-
-def repool(device: int) -> None:
-    """A fresh pool for ``device``'s allocations from now on; the old one is retired: what it
-    still holds stays where it is, its free segments are given back (now, and at each settle
-    as its blocks are freed), so nothing allocated later lands in a segment placed before (a
-    gradient that spilled in the first step, say)."""
-    import torch
-
-    with _lock:
-        if device not in _state.get("routed", ()):
-            return
-        _unroute(torch, device)
-        try:  # torch's MemPool gives its reference back and empties its cache, unrouted
-            del _state["pools"][device]
-        finally:
-            _route(torch, device)
-        if "settle_hook" not in _state:
-            _state["settle_hook"] = torch.nn.modules.module.register_module_forward_pre_hook(
-                _settle_before_forward)
-
-
-def _settle_before_forward(module: Any, args: Any) -> None:
-    """Once, at the next module's forward after a repool: what the retired pool let go since
-    (the gradients zero_grad freed) is given back before the new pool's first allocation
-    takes the device's budget; otherwise those allocations spill and the new pool caches
-    them spilled for good."""
-    import torch
-
-    if not torch.compiler.is_compiling():
-        settle()  # removes this hook
-
-
-@contextlib.contextmanager
-def _set_aside(torch: Any, device: int | None) -> Iterator[None]:
-    """Our routing off for a block that routes to a pool of its own (the caching allocator
-    takes the first routing that matches, and ours matches everything)."""
-    with _lock:
-        device = torch.cuda.current_device() if device is None else device
-        ours = device in _state.get("routed", ())
-        if ours:
-            _unroute(torch, device)
-    try:
-        yield
-    finally:
-        if ours:
-            with _lock:
-                _route(torch, device)
-
-
-def _patch_other_pools(torch: Any) -> None:
-    """CUDA graph captures (torch.compile's reduce-overhead) and use_mem_pool keep their own
-    pools: a graph's memory must stay the graph's, a user's pool the user's."""
-    graph = torch.cuda.graphs.CUDAGraph
-    begin, end = graph.capture_begin, graph.capture_end
-
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
-        stack = contextlib.ExitStack()
-        stack.enter_context(_set_aside(torch, None))
-        try:
-            begin(self, *args, **kwargs)
-        except BaseException:
-            stack.close()
-            raise
-        self._umprov_aside = stack
-
-    def capture_end(self: Any) -> None:
-        try:
-            end(self)
-        finally:
-            stack = self.__dict__.pop("_umprov_aside", None)
-            if stack is not None:
-                stack.close()
-
-    graph.capture_begin, graph.capture_end = capture_begin, capture_end
-    use = torch.cuda.memory.use_mem_pool
-
-    @contextlib.contextmanager
-    def use_mem_pool(pool: Any, device: Any = None) -> Iterator[None]:
-        index = None if device is None else torch.cuda._utils._get_device_index(device)
-        with _set_aside(torch, index), use(pool, device):
-            yield
-
-    torch.cuda.memory.use_mem_pool = torch.cuda.use_mem_pool = use_mem_pool
+    torch.cuda.set_device = set_device
 
 
 def enabled() -> bool:
@@ -297,28 +254,63 @@ def enabled() -> bool:
 
 
 def on_device(where: Any) -> int:
-    """1: the tensor's memory (or the address) is in a segment placed on the GPU; 0: spilled
-    to the host; -1: not managed memory of this pool."""
+    """0: the tensor's memory (or the address) is in the reservoir, on the host; 1: managed
+    memory placed on the GPU (the library with a budget); -1: not managed memory (PyTorch's
+    device memory)."""
     lib = _state.get("library")
     address = where if isinstance(where, int) else where.data_ptr()
     return -1 if lib is None else int(lib.umprov_um_on_device(address))
 
 
+def copy_streams(device: int) -> tuple[Any, Any]:
+    """Two streams of ``device`` for the host step's copies down and up: the ones made with
+    its reservoir, else new ones."""
+    import torch
+
+    made = _state.get("streams", {}).get(device)
+    return made if made is not None else (torch.cuda.Stream(device), torch.cuda.Stream(device))
+
+
+def reservoir(device: int) -> Any:
+    """``device``'s reservoir (a torch.cuda.MemPool), or None."""
+    return _state.get("reservoirs", {}).get(device)
+
+
+def spilled() -> int:
+    """Bytes of live tensors in the reservoirs now (on the host); also kept as the peak."""
+    live = 0
+    for pool in list(_state.get("reservoirs", {}).values()):
+        live += sum(seg["allocated_size"] for seg in pool.snapshot())
+    _state["peak"] = max(_state.get("peak", 0), live)
+    return live
+
+
 def empty_cache() -> None:
-    """Give back cached segments (PyTorch's torch.cuda.empty_cache does the same)."""
+    """Give back PyTorch's cached device segments (torch.cuda.empty_cache); the reservoirs
+    stay."""
     import torch
 
     torch.cuda.empty_cache()
 
 
 def stats() -> dict[str, int]:
-    """The pool's segments: its budgets, bytes on the device and on the host (now and at their
-    peak), segments allocated, advice calls the driver refused, segments refused."""
+    """Bytes of live tensors on the GPU (PyTorch's own memory) and in the reservoirs (spilled
+    to the host), the spilled peak as seen at each optimizer step and here, the reservoirs'
+    bytes, the budget (-1: none), the library's host budget, segments it refused and advice
+    calls the driver refused."""
+    import torch
+
     lib = _state.get("library")
     out = (ctypes.c_longlong * len(STATS))()
     if lib is not None:
         lib.umprov_um_stats(out)
-    return dict(zip(STATS, out, strict=True))
+    now = spilled()
+    devices = list(_state.get("reservoirs", {}))
+    allocated = sum(torch.cuda.memory_allocated(d) for d in devices)
+    return {"placed": allocated - now, "spilled": now, "peak_spilled": _state.get("peak", 0),
+            "reservoir": sum(_state.get("sizes", {}).values()),
+            "budget": _state.get("budget", -1), "host_budget": int(out[8]),
+            "refused": int(out[7]), "failed_advice": int(out[6])}
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):

@@ -1,16 +1,18 @@
-"""The optimizer's step where its state lives, once umprov's pool spills (docs/managed-memory.md).
+"""The optimizer's step where its state lives, once umprov's reservoir is in use
+(docs/managed-memory.md).
 
-Past the GPU's memory, the pool keeps what was allocated first on the device: the model, then
-activations; gradients and the optimizer's state (Adam's two moments: twice the model) spill
-to the host. A GPU step over spilled state reads and writes it across PCIe several times a
-step. Here, an optimizer of a kind that updates each parameter on its own steps on the host
-instead: its state lives in host memory, each parameter has a pinned host copy (its master),
-gradients come down once and parameters go up once a step, chunk by chunk, so the copies
-overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not yet the default: faster, but
-more host memory in the bench, docs/managed-memory.md), each gradient goes down while
-backward still runs (``GradsDown``): copied into pinned host memory as soon as it is
-accumulated, its device memory freed at once, ``.grad`` a CUDA view of that host memory, so
-code between backward and step (``clip_grad_norm_``) still reads and scales it in place.
+Past the GPU's memory, what was allocated first stays in device memory (the model, then
+activations) and the rest lands in the reservoir, on the host: gradients and the optimizer's
+state (Adam's two moments: twice the model). A GPU step over spilled state reads and writes it
+across PCIe several times a step. Here, an optimizer of a kind that updates each parameter on
+its own steps on the host instead: its state lives in host memory, each parameter has a pinned
+host copy (its master), gradients come down once and parameters go up once a step, chunk by
+chunk, so the copies overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not the default: a
+little faster, but a quarter more host memory in the bench, docs/managed-memory.md), each
+gradient backward made in device memory goes down while backward still runs (``GradsDown``):
+copied into pinned host memory, its device memory freed soon after, ``.grad`` a CUDA view of
+that host memory, so code between backward and step (``clip_grad_norm_``) still reads and
+scales it in place.
 
 The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
 class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
@@ -19,8 +21,8 @@ so ``state_dict()`` saves them and ``load_state_dict()`` (which puts them on the
 brought back here at the next step. A parameter changed outside the optimizer (a checkpoint
 loaded into the model) is read again from the GPU first (its version counter says so).
 
-UMPROV_MANAGED_HOST_STEP: ``auto`` (default: once the pool spills), ``0`` never, ``1``
-always (tests). Under torch.distributed gradients never go down during backward: DDP's
+UMPROV_MANAGED_HOST_STEP: ``auto`` (default: once the reservoir holds live tensors), ``0``
+never, ``1`` always (tests). Under torch.distributed gradients never go down during backward: DDP's
 reducer writes ``.grad`` after backward's hooks, on its own schedule. Not used, and the step
 runs on the GPU as written: closures, GradScaler's fused step, capturable or differentiable
 optimizers, optimizers of other kinds (whose step may couple parameters), parameters off the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import weakref
 from collections import defaultdict, deque
 from typing import Any
@@ -47,12 +50,14 @@ CHUNK = 256 << 20  # bytes of parameters a chunk: big enough for the CPU's threa
 ALIGN = 512  # each gradient's place in a slot: any dtype's view of it starts aligned
 SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
 LAG = 1 << 30  # bytes of gradients copying down while backward runs on: held on the device
+RECHECK = 1.0  # seconds between reads of the reservoir's live bytes
 _lib: Any = None
+_seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
 
 
 def install(library: Any) -> None:
-    """The global step hooks (once the pool runs: ``umprov_managed._start``): the pool's
-    settle at every step, the host step where it is wanted."""
+    """The global step hooks (once the reservoir is made: ``umprov_managed._start``): the
+    host step where it is wanted."""
     global _lib
     if _lib is not None:
         return
@@ -66,9 +71,12 @@ def _on_device(tensor: torch.Tensor) -> int:
 
 
 def _spilling() -> bool:
-    stats = (ctypes.c_longlong * len(_managed().STATS))()
-    _lib.umprov_um_stats(stats)
-    return stats[2] > 0  # bytes spilled to the host
+    """Live bytes in the reservoir, read at most every RECHECK seconds: reading them (the
+    reservoir's segment snapshot) costs about a millisecond, a third of a small step."""
+    now = time.monotonic()
+    if now - _seen["at"] >= RECHECK:
+        _seen.update(at=now, spilling=_managed().spilled() > 0)
+    return _seen["spilling"]
 
 
 def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
@@ -93,11 +101,11 @@ def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
 
 
 def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-    _managed().settle()  # blocks freed after record_stream back into the pool
+    spilling = _spilling()  # read at every step: stats()'s peak
     host = opt.__dict__.get("_umprov_host")
     mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
     if host is None:
-        if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not _spilling()):
+        if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not spilling):
             return
         host = opt.__dict__["_umprov_host"] = HostStep(opt)
     elif not eligible(opt, args, kwargs):  # a closure once, say: the state goes back first
@@ -125,13 +133,11 @@ class HostStep:
         self.masters: dict[torch.Tensor, torch.Tensor] = {}
         self.versions: dict[torch.Tensor, int] = {}
         self.slots: list[torch.Tensor] = []
-        self.down, self.up = torch.cuda.Stream(), torch.cuda.Stream()  # both ways at once
+        self.down, self.up = _managed().copy_streams(torch.cuda.current_device())
         self.uploaded: torch.cuda.Event | None = None
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
         if _grads_down_wanted():
             self.grads_down = GradsDown.attach(opt, self.down)
-        for device in {p.device.index for g in opt.param_groups for p in g["params"]}:
-            _managed().repool(device)  # retires the device step's segments (spilled grads)
 
     def leave(self) -> None:
         """Back to the device step: the state beside its parameters, backward's hooks gone."""
@@ -208,8 +214,8 @@ class HostStep:
             self.slots = [_pinned(need, torch.uint8, self.opt) for _ in range(SLOTS)]
 
     def _down(self, chunk: list[torch.Tensor], slot: int) -> torch.cuda.Event:
-        """The chunk's gradients to the host: read in place where they spilled, else copied
-        into a pinned slot."""
+        """The chunk's gradients to the host: read in place where they spilled (the
+        reservoir), else copied into a pinned slot."""
         at = 0
         with torch.cuda.stream(self.down):
             for p in chunk:
@@ -306,7 +312,7 @@ class GradsDown:
 
     def _arrived(self, p: torch.Tensor) -> None:
         """After backward accumulated ``p.grad``: it goes down behind the kernels that made
-        it, its device memory returns to the pool once copied, ``.grad`` is the host view."""
+        it, its device memory is given back once copied, ``.grad`` is the host view."""
         grad, alias = p.grad, self.alias[p]
         if (grad is None or grad.data_ptr() == alias.data_ptr() or grad.is_sparse
                 or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()
@@ -328,16 +334,15 @@ class GradsDown:
             self._release_oldest()
 
     def _release_oldest(self) -> None:
-        """The oldest copied gradient's memory back to the pool: its stream waits for the
-        copy, so what reuses the block there runs after it. Not record_stream: under the
-        pool's routing the caching allocator holds such a block until the step's settle."""
+        """The oldest copied gradient's memory back to PyTorch's cache: its stream waits for
+        the copy, so what reuses the block there runs after it."""
         grad, stream, copied = self.copying.popleft()
         stream.wait_event(copied)
         self.copying_bytes -= grad.numel() * grad.element_size()
 
     def _backward_done(self) -> None:
         """What runs after backward (clip_grad_norm_, the step) reads the gradients once
-        they are down; the device gradients still copying go back to the pool behind that."""
+        they are down; the device gradients still copying are given back behind that."""
         for stream in self.streams | {torch.cuda.current_stream()}:
             stream.wait_stream(self.down)
         self.copying.clear()

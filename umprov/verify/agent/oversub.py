@@ -10,16 +10,17 @@ that GPU's per-GPU child has finished (no other child of the agent times anythin
 meanwhile) and times the remaining steps; the gate file carries that child's pinned
 host-to-device rate, the PCIe floor's denominator.
 
-The allocator gets a device budget of BUDGET bytes; the model is SHARDS identical linear
-layers trained with Adam, weights, gradients and both moments OVERSUB times the budget, so
-the first layers' weights sit on the GPU and the rest of the working set on the host, read and
-written over PCIe. Every layer starts equal and sees the same data, so after the steps every
-layer must be bit-identical whether its memory was on the GPU or the host.
+PyTorch's own device memory is capped at BUDGET bytes, its reservoir of managed memory on the
+host behind it; the model is SHARDS identical linear layers trained with Adam, weights,
+gradients and both moments OVERSUB times the budget, so the first layers' weights sit on the
+GPU and the rest of the working set on the host, read and written over PCIe. Every layer
+starts equal and sees the same data, so after the steps every layer must be bit-identical
+whether its memory was on the GPU or the host.
 
-Safety: the budget caps device placement; the managed memory asked for in all is never more
-than the GPU has free (managed oversubscription of a shared GPU can hang it) nor more than half
-of the host's available memory. Nothing here runs where ``umprov_managed`` is missing (NGC and
-other images): the check is skipped, saying so.
+Safety: the budget caps device memory; the managed memory asked for (the reservoir) is never
+more than the GPU has free (managed oversubscription of a shared GPU can hang it) nor more
+than half of the host's available memory. Nothing here runs where ``umprov_managed`` is
+missing (NGC and other images): the check is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CHECK = "managed.oversubscription"
 BUDGET = 64 * MiB  # device bytes the allocator may place the step's tensors in
 SHARDS = 8  # identical layers; the first ones fit the budget, the others spill
 OVERSUB = 8  # working set (weights, gradients, two Adam moments) / budget
+RESERVOIR_X = 2  # the reservoir of managed memory behind the budget / the working set
 STEPS = 3  # the first warms up (allocations, host pages); the others are timed
 BATCH = 64
 HEADROOM = 512 * MiB  # device memory left free beside the managed buffers (CUDA context)
@@ -111,7 +113,6 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
         em.event("absent", device=dev)
         em.done()
         return
-    umprov_managed.enable(budget=budget, reserve=0)
     torch.cuda.set_device(dev)
     torch.cuda.init()
     name = torch.cuda.get_device_name(dev)
@@ -119,12 +120,14 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     profile = select_profile(opts["profiles"], name, opts.get("forced"))
     n = layer_size(budget)
     working = SHARDS * 4 * n * n * 4
-    # Free memory now, where the managed memory is asked for (the other children hold theirs).
-    why = _no_room(torch, dev, working)
+    # Free memory now, before the managed memory is asked for (the other children hold theirs).
+    why = _no_room(torch, dev, RESERVOIR_X * working)
     if why:
         em.record(record("gpu", target, CHECK, "skip", detail=f"skipped: {why}"))
         em.done()
         return
+    # PyTorch's own memory capped at the budget; past it, this GPU's reservoir
+    umprov_managed.enable(budget=budget, reservoir=RESERVOIR_X * working)
     locks = (opts.get("lock"), device_lock(opts, dev))
     try:
         em.event("mark", what="oversubscription warm-up step")
