@@ -1,10 +1,11 @@
 /* umprov's managed-memory segments for PyTorch (docs/managed-memory.md).
  *
- * PyTorch's own caching allocator stays the allocator: umprov_managed.py routes every
- * allocation of the process into a torch.cuda.MemPool whose segments come from here, so
- * statistics, stream tracking (record_stream), cuDNN's workspace queries and CUDA graphs'
- * private pools keep working. Each segment is CUDA managed (unified) memory, so a working set
- * larger than the GPU's memory runs instead of failing with out-of-memory.
+ * umprov_managed.py makes each device's reservoir from these segments: a torch.cuda.MemPool
+ * (use_on_oom) behind PyTorch's own caching allocator, which takes its free blocks where
+ * device memory runs out. Each segment is CUDA managed (unified) memory. The reservoir
+ * initialises the library with a device budget of 0: every segment is kept on the host and
+ * mapped for the GPU. A budget above 0 (the library's own placement, below) is not used by the
+ * image today.
  *
  * Placement keeps a working set that fits at device speed: while the bytes placed on the
  * device stay within a budget (the device memory free at the first segment, less a reserve),
