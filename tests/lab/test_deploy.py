@@ -262,7 +262,7 @@ def test_ssh_logins_get_the_pool_switch_and_the_given_environment(
                     f"bash -lc 'printenv {names}; command -v python'"):
         done = container_ssh(name, command)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines() == ["1", "2g", secret, "/opt/umprov-venv/bin/python"]
+        assert done.stdout.splitlines() == ["1", "8g", secret, "/opt/umprov-venv/bin/python"]
     labels = ssh(LAB["key"], LAB["known_hosts"], port,
                  "docker inspect -f '{{json .Config.Labels}}' umprov")
     assert labels.returncode == 0 and "org.umprov.spec-parts" in labels.stdout
