@@ -54,6 +54,8 @@ def pubkey(tmp_path: Path) -> Path:
     ({"PYTORCH_CUDA_ALLOC_CONF": ASYNC}, True,
      f"PYTORCH_CUDA_ALLOC_CONF='{ASYNC}' with managed memory on: the pool needs PyTorch's"),
     ({"PYTORCH_ALLOC_CONF": "backend : cudaMallocAsync"}, True, "PYTORCH_ALLOC_CONF="),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True, max_split_size_mb:256"}, True,
+     "never split the pool's one large block (drop max_split_size_mb"),
 ])
 def test_the_rules_of_the_container_environment(env: dict[str, Any], managed: bool,
                                                 message: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import random
 import shutil
 import subprocess
@@ -387,7 +388,7 @@ def test_the_python_side_reads_sizes_as_people_write_them():
     assert size_of("1g") == 1 << 30 and size_of("512m") == 512 * MIB
     assert size_of("2GiB") == 2 << 30 and size_of("1048576") == MIB
     assert size_of(" 64k ") == 64 << 10 and size_of("1.5g") == 3 << 29
-    for bad in ("lots", "", "-1g"):
+    for bad in ("lots", "", "-1g", "inf", "nan", "1e400"):
         with pytest.raises(ValueError):
             size_of(bad)
 
@@ -431,12 +432,17 @@ def reservoir(monkeypatch):
         log.append(("empty", size, in_pool[-1].use_on_oom if in_pool else None))
         return size
 
+    def device_index(device: object, optional: bool = False) -> int:
+        return 0 if device is None and optional else int(device)  # type: ignore[arg-type]
+
     cuda = SimpleNamespace(
-        device=device, MemPool=Pool, Stream=lambda: "stream", use_mem_pool=use_mem_pool, device_count=lambda: 2,
-        current_device=lambda: 0, set_device=lambda d: log.append(("set_device", d)),
+        device=device, MemPool=Pool, Stream=lambda: "stream", use_mem_pool=use_mem_pool,
+        device_count=lambda: 2, current_device=lambda: 0, init=lambda: log.append(("init",)),
+        set_device=lambda d: log.append(("set_device", d)),
         get_device_properties=lambda d: SimpleNamespace(total_memory=80 << 30),
-        set_per_process_memory_fraction=lambda f, d: log.append(("fraction", f, d)),
-        _utils=SimpleNamespace(_get_device_index=int))
+        set_per_process_memory_fraction=lambda f, d=None: log.append(("fraction", f, d)),
+        memory=SimpleNamespace(_set_allocator_settings=lambda s: log.append(("settings", s))),
+        _utils=SimpleNamespace(_get_device_index=device_index))
     fake = SimpleNamespace(cuda=cuda, empty=empty, uint8="uint8", refuse_past=1 << 50,
                            OutOfMemoryError=type("OutOfMemoryError", (RuntimeError,), {}))
     state = {"allocator": SimpleNamespace(allocator=lambda: None), "budget": -1,
@@ -530,3 +536,150 @@ def test_spilled_is_the_live_bytes_in_the_reservoirs_and_keeps_its_peak(reservoi
     assert reservoir.managed.spilled() == 3 * MIB
     pool.segments = [{"allocated_size": MIB}]
     assert reservoir.managed.spilled() == MIB and reservoir.state["peak"] == 3 * MIB
+
+
+def test_expandable_segments_are_off_while_the_reservoir_is_made_and_on_again(
+        reservoir, monkeypatch):
+    """PyTorch refuses expandable segments in a pool of its own allocator (the MemPool's
+    TORCH_CHECK): the reservoir is made with them off; the device's own memory keeps them."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8, "
+                                                  "expandable_segments:True")
+    reservoir.managed._fill(reservoir.torch, 0)
+    log = reservoir.log
+    assert log[1] == ("settings", "expandable_segments:False")
+    assert log[-1] == ("settings", "expandable_segments:True")
+    assert [e for e in log[2:-1] if e[0] == "empty"] == log[2:-1]
+    reservoir.torch.refuse_past = 1 << 30  # refused: the setting comes back all the same
+    reservoir.state["reservoirs"].clear()
+    with pytest.raises(RuntimeError, match="host refused"):
+        reservoir.managed._fill(reservoir.torch, 0)
+    assert log[-1] == ("settings", "expandable_segments:True")
+
+
+@pytest.mark.parametrize(("conf", "why"), [
+    ("backend:cudaMallocAsync", "PYTORCH_CUDA_ALLOC_CONF backend:cudaMallocAsync selects"),
+    ("expandable_segments:True,max_split_size_mb:512",
+     "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb:512 keeps PyTorch from splitting"),
+    ("expandable_segments:True", None), ("", None)])
+def test_allocator_settings_the_reservoir_cannot_run_with_are_named(monkeypatch, conf, why):
+    import umprov_managed
+
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
+    found = umprov_managed.ruled_out()
+    assert (found is None) if why is None else found.startswith(why)
+
+
+def test_a_budget_past_the_gpu_is_refused_before_a_reservoir_is_made(reservoir):
+    reservoir.state["budget"] = 78 << 30
+    with pytest.raises(RuntimeError):
+        reservoir.managed._fill(reservoir.torch, 0)
+    assert not [e for e in reservoir.log if e[0] == "empty"]
+    assert reservoir.state["reservoirs"] == {} and reservoir.state["sizes"] == {}
+
+
+def test_set_device_to_none_selected_makes_no_reservoir(reservoir):
+    reservoir.managed._patch_set_device(reservoir.torch)
+    reservoir.torch.cuda.set_device(-1)
+    assert reservoir.log == [("set_device", -1)] and reservoir.state["reservoirs"] == {}
+
+
+def test_a_later_devices_default_reservoir_is_half_of_what_the_first_left(
+        reservoir, tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable: 68157440 kB\n")  # 65 GiB
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("UMPROV_MANAGED_HOST_RESERVE", raising=False)
+    reservoir.state["sizes"] = {0: 31 << 30}  # the first device's: (65 - 2 - 1) / 2 GiB
+    assert reservoir.managed._default_size(str(meminfo)) == 16 << 30  # (63 - 31) / 2
+
+
+def test_a_users_memory_fraction_is_of_device_memory_the_reservoir_added(reservoir, capsys):
+    reservoir.managed._patch_memory_fraction(reservoir.torch)
+    reservoir.state["sizes"] = {0: 8 << 30}
+    reservoir.torch.cuda.set_per_process_memory_fraction(0.5)
+    assert reservoir.log[-2:] == [("init",), ("fraction", 0.5 + 8 / 80, None)]
+    reservoir.torch.cuda.set_per_process_memory_fraction(0.95, 0)  # past the GPU: capped
+    assert reservoir.log[-1] == ("fraction", 1.0, 0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "device memory is capped at 73728 MiB" in err[0]
+    reservoir.state["sizes"] = {}
+    reservoir.torch.cuda.set_per_process_memory_fraction(0.3, 1)  # no reservoir there
+    assert reservoir.log[-1] == ("fraction", 0.3, 1)
+    reservoir.managed._patch_memory_fraction(reservoir.torch)  # patched once, not twice
+    inner = reservoir.torch.cuda.set_per_process_memory_fraction._umprov_inner
+    assert not hasattr(inner, "_umprov_inner")
+
+
+def torch_stub(initialized: bool, built: bool = True) -> SimpleNamespace:
+    calls: list = []
+    cuda = SimpleNamespace(is_initialized=lambda: initialized, set_device=lambda d: None,
+                           set_per_process_memory_fraction=lambda f, d=None: None,
+                           _lazy_call=calls.append)
+    return SimpleNamespace(cuda=cuda, backends=SimpleNamespace(
+        cuda=SimpleNamespace(is_built=lambda: built)), calls=calls)
+
+
+def test_enable_never_starts_cuda_itself_and_leaves_nothing_half_made(monkeypatch):
+    """At import (the .pth hook) enable() only asks whether torch has CUDA at all: starting
+    CUDA then would break a fork before the job's own start. A start that fails leaves
+    nothing behind, so enable() can be called again."""
+    import umprov_managed
+
+    monkeypatch.setattr(umprov_managed, "_state", {})
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    fake = torch_stub(initialized=False)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    umprov_managed.enable()
+    assert len(fake.calls) == 1 and umprov_managed._state["reservoirs"] == {}
+    monkeypatch.setattr(umprov_managed, "_state", {})
+    monkeypatch.setitem(sys.modules, "torch", torch_stub(initialized=True))
+
+    def failing(torch: object) -> None:
+        umprov_managed._state["library"] = "half made"
+        raise RuntimeError("no libcudart")
+
+    monkeypatch.setattr(umprov_managed, "_start", failing)
+    with pytest.raises(RuntimeError, match="no libcudart"):
+        umprov_managed.enable()
+    assert umprov_managed._state == {} and not umprov_managed.enabled()
+    monkeypatch.setitem(sys.modules, "torch", torch_stub(initialized=False, built=False))
+    with pytest.raises(RuntimeError, match="built without CUDA"):
+        umprov_managed.enable()
+
+
+def test_a_budget_that_is_not_a_size_names_its_variable(monkeypatch):
+    import umprov_managed
+
+    monkeypatch.setattr(umprov_managed, "_state", {})
+    monkeypatch.setitem(sys.modules, "torch", torch_stub(initialized=False))
+    monkeypatch.setenv("UMPROV_MANAGED_BUDGET", "lots")
+    with pytest.raises(RuntimeError, match="UMPROV_MANAGED_BUDGET='lots' is not a size"):
+        umprov_managed.enable()
+    assert umprov_managed._state == {}
+
+
+PROBE = """
+import importlib.util, sys
+sys.path[:0] = [{fake!r}, {managed!r}]
+import umprov_managed
+umprov_managed.enable = lambda: print("enabled")
+umprov_managed.after_torch_import()
+print("probe", importlib.util.find_spec("torch") is not None)  # as transformers does first
+import torch
+print("imported", torch.MARK, any(isinstance(f, umprov_managed._AfterTorch)
+                                  for f in sys.meta_path))
+"""
+
+
+def test_the_import_hook_enables_at_the_import_not_at_a_lookup_before_it(tmp_path):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("MARK = 1\n")
+    script = PROBE.format(fake=str(tmp_path), managed=str(MANAGED))
+    env = {**os.environ, "UMPROV_MANAGED_MEMORY": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["probe True", "enabled", "imported 1 False"]

@@ -80,6 +80,7 @@ def host_step(opt: torch.optim.Optimizer, fused: bool) -> step.HostStep:
     host.masters = {p: p.detach().clone() for g in opt.param_groups for p in g["params"]}
     host.versions = {}
     host.fused = fused
+    host.pins, host.uploaded = [], None
     return host
 
 
@@ -229,8 +230,9 @@ def test_the_inner_step_sees_the_masters_and_gives_the_users_groups_back_when_it
 class CudaParam:
     """What eligible() reads of a parameter, on a CUDA device."""
 
-    def __init__(self, dtype: torch.dtype = torch.float32, grad: torch.Tensor | None = None):
-        self.device = torch.device("cuda", 0)
+    def __init__(self, dtype: torch.dtype = torch.float32, grad: torch.Tensor | None = None,
+                 index: int = 0):
+        self.device = torch.device("cuda", index)
         self._like = torch.empty(0, dtype=dtype)
         self.grad = torch.zeros(4, 4) if grad is None else grad
 
@@ -314,6 +316,25 @@ def test_eligible_refuses_what_a_host_step_would_change():
     assert not step.eligible(opt, (opt,), {})
     opt = torch.optim.AdamW(parameters())  # all on the host: the CPU steps them anyway
     assert not step.eligible(opt, (opt,), {})
+    opt = fresh()
+    opt.param_groups[0]["params"][1] = CudaParam(index=1)  # one process, two GPUs
+    assert not step.eligible(opt, (opt,), {})
+
+
+def test_eligible_refuses_gradscalers_step_and_an_optimizers_own_hooks():
+    """GradScaler sets grad_scale and found_inf on the optimizer (not as arguments) for a
+    fused step; an optimizer's own step hooks run after the global pre-hook that would have
+    stepped on the host already."""
+    opt = on_cuda(torch.optim.AdamW(parameters(), fused=True))
+    opt.grad_scale, opt.found_inf = torch.ones(()), torch.zeros(())
+    assert not step.eligible(opt, (opt,), {})
+    del opt.grad_scale, opt.found_inf
+    assert step.eligible(opt, (opt,), {})
+    for register in (opt.register_step_pre_hook, opt.register_step_post_hook):
+        handle = register(lambda o, a, k: None)
+        assert not step.eligible(opt, (opt,), {})
+        handle.remove()
+        assert step.eligible(opt, (opt,), {})
 
 
 @pytest.mark.parametrize("make", [
@@ -379,6 +400,7 @@ def hooks(monkeypatch):
         self.opt = opt
         self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
         self.masters, self.versions, self.fused, self.grads_down = {}, {}, False, None
+        self.pins, self.uploaded = [], None
 
     def host_step_cpu(self):
         switch.host_steps += 1
@@ -540,8 +562,8 @@ def test_spilling_is_live_bytes_in_the_reservoir_read_at_most_once_a_recheck(mon
 def test_masters_are_read_again_where_a_parameter_changed_outside_the_optimizer(monkeypatch):
     """_masters_for: one host block a dtype, the parameters' values, and a parameter changed
     since the last step (a checkpoint loaded into the model) read again."""
-    monkeypatch.setattr(step, "_pinned", lambda numel, dtype, owner: torch.empty(numel,
-                                                                                 dtype=dtype))
+    monkeypatch.setattr(step, "_pinned", lambda numel, dtype, *args, **kwargs: torch.empty(
+        numel, dtype=dtype))
     params = parameters()
     half = torch.nn.Parameter(torch.randn(3).half())
     opt = torch.optim.SGD(params + [half], lr=0.1)
@@ -694,3 +716,55 @@ def test_grads_go_down_only_when_asked_and_never_distributed(monkeypatch):
     assert step._grads_down_wanted()
     monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: True)
     assert not step._grads_down_wanted()
+
+
+@pytest.fixture
+def page_locks(monkeypatch):
+    """A stand-in CUDA runtime that counts page-locked addresses."""
+    locked: dict[int, int] = {}
+
+    def register(pointer, nbytes, flags) -> int:  # noqa: ANN001 - ctypes values
+        locked[pointer.value] = nbytes.value
+        return 0
+
+    def unregister(pointer) -> int:  # noqa: ANN001
+        assert locked.pop(pointer.value, None) is not None, "unlocked twice, or never locked"
+        return 0
+
+    runtime = SimpleNamespace(cudaHostRegister=register, cudaHostUnregister=unregister,
+                              cudaHostGetDevicePointer=lambda *a: 1)  # not mapped: an error
+    monkeypatch.setattr(step, "_cudart", lambda: runtime)
+    return locked
+
+
+def test_host_memory_is_unlocked_when_a_host_step_is_left_or_its_slots_replaced(page_locks):
+    params = parameters()
+    host = host_step(torch.optim.SGD(params, lr=0.1), False)
+    host.masters, host.slots, host.grads_down = {}, [], None
+    host._masters_for(params)
+    assert len(page_locks) == 1  # one block a dtype
+    host._size_slots(params)
+    assert len(page_locks) == 1 + step.SLOTS
+    first = {s.data_ptr() for s in host.slots}
+    host._size_slots(params)  # big enough: kept
+    assert {s.data_ptr() for s in host.slots} == first
+    big = [torch.nn.Parameter(torch.empty(step.CHUNK // 4 + 1))]
+    host._size_slots(big)  # larger ones: the old ones unlocked
+    assert len(page_locks) == 1 + step.SLOTS and not first & set(page_locks)
+    host.leave = step.HostStep.leave.__get__(host)
+    host.state_to_device = lambda: None
+    host.leave()
+    assert page_locks == {}
+
+
+def test_host_memory_not_mapped_for_the_gpu_is_unlocked_at_once(page_locks):
+    pins: list = []
+    flat = step._pinned(1024, torch.float32, pins=pins, mapped=True)
+    assert len(page_locks) == 1 and len(pins) == 1
+    assert step._device_view(flat, torch.device("cuda", 0), pins) is None
+    assert page_locks == {}
+    owner = type("Owner", (), {})()
+    step._pinned(16, torch.float32, owner)
+    assert len(page_locks) == 1
+    del owner  # with its owner
+    assert page_locks == {}

@@ -125,7 +125,7 @@ def test_the_warm_up_step_runs_before_the_gate_and_every_step_under_both_locks(
 
     monkeypatch.setattr(oversub, "Training", Training)
     enabled: list = []
-    fake = types.SimpleNamespace(async_backend=lambda: None,
+    fake = types.SimpleNamespace(ruled_out=lambda: None,
                                  enable=lambda **kw: enabled.append(kw),
                                  stats=lambda: {"peak_spilled": 448 * MiB})
     monkeypatch.setitem(sys.modules, "umprov_managed", fake)
@@ -148,7 +148,7 @@ def test_the_warm_up_step_runs_before_the_gate_and_every_step_under_both_locks(
 def test_an_oversubscription_child_of_a_gpu_that_is_not_there_says_so(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setitem(sys.modules, "umprov_managed",
-                        types.SimpleNamespace(async_backend=lambda: None))
+                        types.SimpleNamespace(ruled_out=lambda: None))
     monkeypatch.setitem(sys.modules, "torch._dynamo", types.ModuleType("torch._dynamo"))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     em = Emitter()

@@ -136,7 +136,7 @@ def test_a_container_whose_allocator_setting_leaves_the_pool_off_warns(tmp_path,
     torch_with_dynamo()
     enabled = []
     fake = types.SimpleNamespace(
-        async_backend=lambda: "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync",
+        ruled_out=lambda: "PYTORCH_CUDA_ALLOC_CONF backend:cudaMallocAsync selects CUDA's own pool allocator",
         enable=lambda **kw: enabled.append(kw))
     monkeypatch.setitem(sys.modules, "umprov_managed", fake)
     em = Emitter()

@@ -8,7 +8,8 @@ one set of rules, applied by `umprov inventory check` (the host variable: exit 3
 - values of one line: the entrypoint hands them to SSH logins through sshd's ``SetEnv``,
   which cannot hold a line break;
 - nothing the managed-memory pool cannot run with: PyTorch's ``cudaMallocAsync`` backend
-  (a process has one allocator; the pool needs the native caching one).
+  (a process has one allocator; the pool needs the native caching one), or
+  ``max_split_size_mb`` (PyTorch would never split the pool's one large block).
 
 Values may be secrets (``HF_TOKEN``): no message shows one, except the allocator setting that
 clashes with the pool, which is named so that it can be found.
@@ -31,6 +32,7 @@ OWNED_PREFIXES = ("JUPYTER_",)
 # PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name of the same setting).
 ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 _ASYNC_BACKEND = re.compile(r"(?:^|,)\s*backend\s*:\s*cudaMallocAsync\s*(?:,|$)")
+_MAX_SPLIT = re.compile(r"(?:^|,)\s*max_split_size_mb\s*:")
 
 
 def env_value(name: str, value: Any) -> str:
@@ -79,6 +81,10 @@ def pool_clash(env: Mapping[str, Any]) -> str | None:
         if _ASYNC_BACKEND.search(value):
             return (f"{name}={value[:80]!r} with managed memory on: the pool needs PyTorch's "
                     "native caching allocator (drop backend:cudaMallocAsync, or switch managed "
+                    "memory off)")
+        if _MAX_SPLIT.search(value):
+            return (f"{name}={value[:80]!r} with managed memory on: PyTorch would never split "
+                    "the pool's one large block (drop max_split_size_mb, or switch managed "
                     "memory off)")
     return None
 

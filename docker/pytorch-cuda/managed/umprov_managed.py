@@ -35,6 +35,7 @@ import ctypes
 import functools
 import importlib.abc
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -58,19 +59,41 @@ def size_of(text: str) -> int:
     text = text.strip().lower().rstrip("ib").rstrip("b")
     unit = text[-1:] if text[-1:] in _UNITS else ""
     number = float(text[: len(text) - len(unit)])
-    if number < 0:
+    if not math.isfinite(number) or number < 0:
         raise ValueError(text)
     return int(number * _UNITS[unit])
 
 
-def async_backend() -> str | None:
-    """The allocator setting that rules the pool out, or None: cudaMallocAsync has no
-    memory pools of PyTorch's (and replacing it would trip torch's backend assertion)."""
+def _alloc_conf() -> dict[str, tuple[str, str]]:
+    """PyTorch's allocator settings from the environment: key -> (value, the variable)."""
+    found: dict[str, tuple[str, str]] = {}
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        value = os.environ.get(name, "")
-        if "cudamallocasync" in value.replace(" ", "").lower():
-            return f"{name}={value}"
+        for item in os.environ.get(name, "").replace(" ", "").lower().split(","):
+            key, _, value = item.partition(":")
+            if key:
+                found.setdefault(key, (value, name))
+    return found
+
+
+def ruled_out() -> str | None:
+    """Why PyTorch's allocator settings rule the reservoir out, or None. cudaMallocAsync has
+    no memory pools of PyTorch's (and replacing it would trip torch's backend assertion);
+    with max_split_size_mb PyTorch never splits a block that large, and the reservoir is one
+    large block."""
+    conf = _alloc_conf()
+    value, name = conf.get("backend", ("", ""))
+    if value == "cudamallocasync":
+        return (f"{name} backend:cudaMallocAsync selects CUDA's own pool allocator, which "
+                "takes no memory pool: PyTorch runs on it, without managed memory")
+    value, name = conf.get("max_split_size_mb", ("", ""))
+    if value:
+        return (f"{name} max_split_size_mb:{value} keeps PyTorch from splitting the "
+                "reservoir's one large block: PyTorch runs without managed memory")
     return None
+
+
+def _expandable() -> bool:
+    return _alloc_conf().get("expandable_segments", ("", ""))[0] == "true"
 
 
 @functools.cache
@@ -87,7 +110,7 @@ def _env_size(name: str, default: str) -> int:
     value = os.environ.get(name, "") or default
     try:
         return size_of(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise RuntimeError(f"{name}={value!r} is not a size (bytes, or with k/m/g)") from None
 
 
@@ -121,23 +144,28 @@ def enable(budget: int | None = None, reservoir: int | None = None) -> None:
 
     if _state:
         return
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device is available to torch")
-    setting = async_backend()
-    if setting:
-        raise RuntimeError(f"{setting} selects CUDA's own pool allocator, which takes no "
-                           "memory pool: PyTorch runs on it, without managed memory")
-    env_budget = os.environ.get("UMPROV_MANAGED_BUDGET", "")
-    budget = budget if budget is not None else size_of(env_budget) if env_budget else -1
+    if not torch.backends.cuda.is_built():  # not is_available(): that starts CUDA at import
+        raise RuntimeError("this torch is built without CUDA")
+    why = ruled_out()
+    if why:
+        raise RuntimeError(why)
+    if budget is None:
+        env_budget = os.environ.get("UMPROV_MANAGED_BUDGET", "")
+        budget = _env_size("UMPROV_MANAGED_BUDGET", env_budget) if env_budget else -1
     env_size = os.environ.get("UMPROV_MANAGED_RESERVOIR", "")
     if reservoir is None and env_size:
         reservoir = _env_size("UMPROV_MANAGED_RESERVOIR", env_size)
     _state.update(budget=budget, reservoir=reservoir, reservoirs={}, sizes={}, peak=0)
     _patch_set_device(torch)
-    if torch.cuda.is_initialized():
-        _start(torch)
-    else:
+    _patch_memory_fraction(torch)
+    if not torch.cuda.is_initialized():
         torch.cuda._lazy_call(lambda: _start_or_say(torch))
+        return
+    try:
+        _start(torch)
+    except BaseException:
+        _state.clear()  # nothing half made: enable() may be called again
+        raise
 
 
 def _start_or_say(torch: Any) -> None:
@@ -177,10 +205,12 @@ def _first_device(torch: Any) -> int:
 
 
 def _default_size(meminfo_path: str = "/proc/meminfo") -> int:
-    """Half the host's available memory less its reserve, shared by the node's processes."""
+    """Half the host's available memory less its reserve and the reservoirs made already
+    (address space: their host pages come at first touch), shared by the node's processes."""
     with open(meminfo_path) as meminfo:
         kib = next(int(ln.split()[1]) for ln in meminfo if ln.startswith("MemAvailable:"))
     spare = (kib << 10) - _env_size("UMPROV_MANAGED_HOST_RESERVE", "2g")
+    spare -= sum(_state.get("sizes", {}).values())
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     return spare // 2 // (int(local) if local.isdigit() and int(local) > 0 else 1)
 
@@ -195,37 +225,83 @@ def _fill(torch: Any, device: int) -> None:
         if size < MIN_RESERVOIR:
             raise RuntimeError(f"a reservoir of {size >> 20} MiB is too small to be of use "
                                "(UMPROV_MANAGED_RESERVOIR, or the host's available memory)")
+        size += SMALL << 20
+        fraction = _budget_fraction(torch, device, size)  # refused before anything is made
         with torch.cuda.device(device):
-            pool = torch.cuda.MemPool(_state["allocator"].allocator(), use_on_oom=True)
-            try:
-                with torch.cuda.use_mem_pool(pool):
-                    held = [torch.empty(size, dtype=torch.uint8, device="cuda")]
-                    held += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-                             for _ in range(SMALL)]
-            except torch.OutOfMemoryError:
-                raise RuntimeError(f"the host refused a reservoir of {size >> 20} MiB "
-                                   "(UMPROV_MANAGED_RESERVOIR, UMPROV_MANAGED_HOST_RESERVE)"
-                                   ) from None
-            del held
+            pool = _pool_of(torch, size)
             # the host step's copy streams, made while the device has room: CUDA needs
             # device memory for a stream, and PyTorch may have taken it all by the step
             _state.setdefault("streams", {})[device] = (torch.cuda.Stream(), torch.cuda.Stream())
         _state["reservoirs"][device] = pool
-        _state["sizes"][device] = size + SMALL * (1 << 20)
-        if _state["budget"] >= 0:
-            _cap(torch, device)
+        _state["sizes"][device] = size
+        if fraction is not None:
+            _set_fraction(torch)(fraction, device)
 
 
-def _cap(torch: Any, device: int) -> None:
-    """PyTorch's own device memory capped at the budget: its memory fraction counts every
-    segment, so the reservoir's address space is counted in."""
+def _pool_of(torch: Any, size: int) -> Any:
+    """A use_on_oom pool of the current device holding ``size`` bytes as free blocks: one
+    large one and SMALL of 1 MiB. Made with expandable segments off: PyTorch refuses them in
+    a pool of its own allocator, and its out-of-memory path only takes free blocks there."""
+    pool = torch.cuda.MemPool(_state["allocator"].allocator(), use_on_oom=True)
+    expandable = _expandable()
+    if expandable:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            held = [torch.empty(size - (SMALL << 20), dtype=torch.uint8, device="cuda")]
+            held += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+                     for _ in range(SMALL)]
+    except torch.OutOfMemoryError:
+        raise RuntimeError(f"the host refused a reservoir of {(size >> 20) - SMALL} MiB "
+                           "(UMPROV_MANAGED_RESERVOIR, UMPROV_MANAGED_HOST_RESERVE)") from None
+    finally:
+        if expandable:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    del held
+    return pool
+
+
+def _budget_fraction(torch: Any, device: int, size: int) -> float | None:
+    """The memory fraction that caps PyTorch's own device memory at the budget (None: no
+    budget). The fraction counts every segment, so the reservoir's address space is in it."""
+    if _state["budget"] < 0:
+        return None
     total = torch.cuda.get_device_properties(device).total_memory
-    fraction = (_state["budget"] + _state["sizes"][device]) / total
+    fraction = (_state["budget"] + size) / total
     if fraction > 1:
         raise RuntimeError(f"UMPROV_MANAGED_BUDGET={_state['budget']} with a reservoir of "
-                           f"{_state['sizes'][device] >> 20} MiB is more than the GPU's "
-                           f"{total >> 20} MiB: lower UMPROV_MANAGED_RESERVOIR")
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+                           f"{size >> 20} MiB is more than the GPU's {total >> 20} MiB: "
+                           "lower UMPROV_MANAGED_RESERVOIR")
+    return fraction
+
+
+def _set_fraction(torch: Any) -> Any:
+    """torch's own set_per_process_memory_fraction, beneath the patch below."""
+    fn = torch.cuda.set_per_process_memory_fraction
+    return getattr(fn, "_umprov_inner", fn)
+
+
+def _patch_memory_fraction(torch: Any) -> None:
+    """A fraction the user sets means device memory: the reservoir, counted in by PyTorch
+    (every segment is), is added to it, so new device segments are not all refused."""
+    inner = _set_fraction(torch)
+
+    @functools.wraps(inner)
+    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+        torch.cuda.init()  # the reservoir of the device is made at CUDA's start
+        index = torch.cuda._utils._get_device_index(device, optional=True)
+        size = _state.get("sizes", {}).get(index, 0)
+        total = torch.cuda.get_device_properties(index).total_memory
+        wanted = fraction + size / total
+        if size and wanted > 1:
+            print(f"umprov managed memory: a memory fraction of {fraction} and the "
+                  f"reservoir's {size >> 20} MiB pass GPU {index}'s memory: device memory "
+                  f"is capped at {(total - size) >> 20} MiB (UMPROV_MANAGED_RESERVOIR)",
+                  file=sys.stderr)
+        inner(min(wanted, 1.0) if size else fraction, device)
+
+    set_per_process_memory_fraction._umprov_inner = inner  # type: ignore[attr-defined]
+    torch.cuda.set_per_process_memory_fraction = set_per_process_memory_fraction
 
 
 def _patch_set_device(torch: Any) -> None:
@@ -235,6 +311,9 @@ def _patch_set_device(torch: Any) -> None:
     @functools.wraps(select)
     def set_device(device: Any) -> None:
         index = torch.cuda._utils._get_device_index(device)
+        if index < 0:  # torch selects nothing
+            select(device)
+            return
         _state["selecting"] = index  # where set_device is CUDA's start: _first_device
         try:
             select(device)
@@ -314,18 +393,28 @@ def stats() -> dict[str, int]:
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Runs ``enable`` once torch's own module has run (before any CUDA tensor can exist)."""
+    """Runs ``enable`` once torch's own module has run (before any CUDA tensor can exist).
+    It stays on sys.meta_path until then: a lookup that is not the import
+    (``importlib.util.find_spec("torch")``, as transformers does first) gets a spec whose
+    module is never run."""
+
+    searching = False
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
+        if name != "torch" or self.searching:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        self.searching = True  # the lookup below comes back through here
+        try:
+            spec = importlib.util.find_spec("torch")
+        finally:
+            self.searching = False
         if spec is None or spec.loader is None:
             return spec
         run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             run(module)
             try:
                 enable()

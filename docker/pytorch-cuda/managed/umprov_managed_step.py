@@ -25,8 +25,9 @@ UMPROV_MANAGED_HOST_STEP: ``auto`` (default: once the reservoir holds live tenso
 never, ``1`` always (tests). Under torch.distributed gradients never go down during backward: DDP's
 reducer writes ``.grad`` after backward's hooks, on its own schedule. Not used, and the step
 runs on the GPU as written: closures, GradScaler's fused step, capturable or differentiable
-optimizers, optimizers of other kinds (whose step may couple parameters), parameters off the
-GPU or sparse gradients.
+optimizers, optimizers of other kinds (whose step may couple parameters) or with step hooks
+of their own (torch runs those after the global pre-hook that steps here), parameters off
+the GPU or on several GPUs, sparse gradients.
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
         return False
     if len(args) > 1 or kwargs:  # a closure, GradScaler's grad_scale / found_inf
         return False
+    if getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
+        return False  # GradScaler's fused step: set on the optimizer, not passed
+    if getattr(opt, "_optimizer_step_pre_hooks", None) or getattr(
+            opt, "_optimizer_step_post_hooks", None):
+        return False  # the user's own hooks would run after this step, over no parameters
+    devices = set()
     for group in opt.param_groups:
         if group.get("capturable") or group.get("differentiable"):
             return False
@@ -95,9 +102,10 @@ def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
         for p in group["params"]:
             if p.device.type != "cuda" or p.is_complex() or not p.is_floating_point():
                 return False
+            devices.add(p.device)
             if p.grad is not None and (p.grad.is_sparse or not p.grad.is_contiguous()):
                 return False
-    return True
+    return len(devices) == 1
 
 
 def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -133,22 +141,33 @@ class HostStep:
         self.masters: dict[torch.Tensor, torch.Tensor] = {}
         self.versions: dict[torch.Tensor, int] = {}
         self.slots: list[torch.Tensor] = []
-        self.down, self.up = _managed().copy_streams(torch.cuda.current_device())
+        self.pins: list[weakref.finalize] = []  # the masters' and the slots' page locks
+        self.device = next(p.device for g in opt.param_groups for p in g["params"])
+        self.down, self.up = _managed().copy_streams(self.device.index)
         self.uploaded: torch.cuda.Event | None = None
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
         if _grads_down_wanted():
             self.grads_down = GradsDown.attach(opt, self.down)
 
     def leave(self) -> None:
-        """Back to the device step: the state beside its parameters, backward's hooks gone."""
+        """Back to the device step: the state beside its parameters, backward's hooks gone,
+        the host copies unlocked once the last ones have gone up."""
         if self.grads_down is not None:
             self.grads_down.detach()
         self.state_to_device()
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
+        for unpin in self.pins:
+            unpin()
 
     def step(self) -> None:
         params = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
         if not params:
             return
+        with torch.cuda.device(self.device):  # the parameters' streams, not the current GPU's
+            self._step(params)
+
+    def _step(self, params: list[torch.Tensor]) -> None:
         if self.uploaded is not None:
             self.uploaded.synchronize()  # the last step's masters have gone up
         self._masters_for(params)
@@ -176,7 +195,7 @@ class HostStep:
         new = [p for p in params if p not in self.masters]
         for dtype in {p.dtype for p in new}:
             mine = [p for p in new if p.dtype == dtype]
-            flat = _pinned(sum(p.numel() for p in mine), dtype, self.opt)
+            flat = _pinned(sum(p.numel() for p in mine), dtype, self, self.pins)
             at = 0
             for p in mine:
                 self.masters[p] = flat[at:at + p.numel()].view_as(p)
@@ -210,8 +229,11 @@ class HostStep:
         if not params:
             return
         need = max([CHUNK] + [_nbytes(p) for p in params])
-        if not self.slots or self.slots[0].numel() < need:
-            self.slots = [_pinned(need, torch.uint8, self.opt) for _ in range(SLOTS)]
+        if not self.slots or self.slots[0].numel() < need:  # the old ones are idle: unlocked
+            for unpin in self.pins[len(self.pins) - len(self.slots):]:
+                unpin()
+            del self.pins[len(self.pins) - len(self.slots):]
+            self.slots = [_pinned(need, torch.uint8, self, self.pins) for _ in range(SLOTS)]
 
     def _down(self, chunk: list[torch.Tensor], slot: int) -> torch.cuda.Event:
         """The chunk's gradients to the host: read in place where they spilled (the
@@ -288,8 +310,9 @@ class GradsDown:
         alias: dict[torch.Tensor, torch.Tensor] = {}
         for dtype in {p.dtype for p in params}:
             mine = [p for p in params if p.dtype == dtype]
-            flat = _pinned(sum(p.numel() for p in mine), dtype, opt, mapped=True)
-            device_flat = _device_view(flat, mine[0].device)
+            pins: list[weakref.finalize] = []
+            flat = _pinned(sum(p.numel() for p in mine), dtype, pins=pins, mapped=True)
+            device_flat = _device_view(flat, mine[0].device, pins)
             if device_flat is None:
                 return None
             at = 0
@@ -360,18 +383,24 @@ class _Mapped:
                                          "data": (pointer, False), "version": 3}
 
 
-def _device_view(flat: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+def _device_view(flat: torch.Tensor, device: torch.device,
+                 pins: list[weakref.finalize]) -> torch.Tensor | None:
     """A CUDA tensor over the pinned host memory of ``flat`` (kernels read it across the
-    bus), or None where it is not mapped."""
+    bus), or None where it is not mapped. ``pins``: ``flat``'s page lock, moved onto the
+    view's memory (kept locked while any view lives), or released at once with None."""
     if not flat.numel():
         return torch.empty(0, dtype=flat.dtype, device=device)
     pointer = ctypes.c_void_p()
-    if _cudart().cudaHostGetDevicePointer(ctypes.byref(pointer),
-                                          ctypes.c_void_p(flat.data_ptr()), 0) != 0:
+    if not pins or _cudart().cudaHostGetDevicePointer(
+            ctypes.byref(pointer), ctypes.c_void_p(flat.data_ptr()), 0) != 0:
+        for unpin in pins:
+            unpin()
         return None
     nbytes = flat.numel() * flat.element_size()
-    raw = torch.as_tensor(_Mapped(int(pointer.value or 0), nbytes, flat), device=device)
-    return raw.view(flat.dtype)
+    mapped = _Mapped(int(pointer.value or 0), nbytes, flat)
+    pins[0].detach()
+    weakref.finalize(mapped, _unpin, flat)
+    return torch.as_tensor(mapped, device=device).view(flat.dtype)
 
 
 def _grads_down_wanted() -> bool:
@@ -405,16 +434,20 @@ def _host_view(tensor: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=tensor.dtype).view_as(tensor)
 
 
-def _pinned(numel: int, dtype: torch.dtype, owner: Any, mapped: bool = False) -> torch.Tensor:
+def _pinned(numel: int, dtype: torch.dtype, owner: Any = None, pins: list | None = None,
+            mapped: bool = False) -> torch.Tensor:
     """Host memory of exactly this size, page-locked for the copy engines (PyTorch's pinned
-    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner;
-    ``mapped``: kernels can address it too (cudaHostRegisterMapped)."""
+    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner or
+    by the finalizer appended to ``pins``; ``mapped``: kernels can address it too
+    (cudaHostRegisterMapped), unlocked with its device view (``_device_view``)."""
     flat = torch.empty(numel, dtype=dtype)
     nbytes = flat.numel() * flat.element_size()
     flags = 2 if mapped else 0
     if nbytes and _cudart().cudaHostRegister(ctypes.c_void_p(flat.data_ptr()),
                                              ctypes.c_size_t(nbytes), flags) == 0:
-        weakref.finalize(owner, _unpin, flat)
+        unpin = weakref.finalize(flat if owner is None else owner, _unpin, flat)
+        if pins is not None:
+            pins.append(unpin)
     return flat
 
 

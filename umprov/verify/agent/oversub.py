@@ -69,6 +69,15 @@ def host_available() -> int | None:
     return None
 
 
+def ruled_out(managed: Any) -> str | None:
+    """Why the container's allocator settings leave the pool off, or None; an image made
+    before ``ruled_out`` knows only the cudaMallocAsync backend."""
+    if hasattr(managed, "ruled_out"):
+        return managed.ruled_out()
+    setting = getattr(managed, "async_backend", lambda: None)()
+    return setting and f"{setting} selects CUDA's own pool allocator, which takes no pool"
+
+
 def layer_size(budget: int) -> int:
     """The side of each square fp32 layer: SHARDS layers of 4 tensors each (weight, gradient,
     two moments) make OVERSUB x ``budget``; a multiple of 256 for cuBLAS."""
@@ -98,12 +107,12 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     wait_for_gate(em, opts.get("cuda_gate"))
     em.event("mark", what="cuda init")
     budget = int(opts.get("oversub_budget_mib") or BUDGET // MiB) * MiB
-    setting = getattr(umprov_managed, "async_backend", lambda: None)()
-    if setting:  # the pool's one guard worth checking on every host: jobs here run without it
+    why = ruled_out(umprov_managed)
+    if why:  # the pool's one guard worth checking on every host: jobs here run without it
         em.record(record("gpu", target, CHECK, "warn", hint="investigate", detail=(
-            f"{setting} in this container leaves umprov's managed-memory pool off (CUDA's own "
-            "pool allocator takes no memory pool): jobs here meet out-of-memory where the "
-            "pool would run them; unset it, or leave the pool off")))
+            f"this container's allocator setting leaves umprov's managed-memory pool off: "
+            f"{why}; jobs here meet out-of-memory where the pool would run them: change the "
+            "setting, or leave the pool off")))
         em.done()
         return
     # the GPU's kernels over spilled memory, the path this check times against PCIe: the
