@@ -153,6 +153,40 @@ def reserved_over_steps(side: torch.cuda.Stream, steps: int = 4) -> list[int]:
     return reserved
 
 
+def case_spill() -> dict:
+    """Tensors past the budget (UMPROV_MANAGED_BUDGET) land in the reservoir and hold what
+    was written; with expandable segments too (the reservoir is made with them off)."""
+    blocks = [torch.full((64 << 20,), float(i), device=DEV) for i in range(6)]  # 6 x 256 MiB
+    right = all(float(b.sum()) == i * (64 << 20) for i, b in enumerate(blocks))
+    return {"right": right, "pool": umprov_managed.stats()}
+
+
+def case_fraction() -> dict:
+    """The job's own memory fraction is of device memory: the reservoir comes on top. 3 GiB
+    of device memory, less than the reservoir PyTorch counts in every segment."""
+    total = torch.cuda.get_device_properties(DEV).total_memory
+    torch.cuda.set_per_process_memory_fraction((3 << 30) / total)
+    x = torch.ones(256 << 20, dtype=torch.float32, device=DEV)  # 1 GiB
+    return {"sum": float(x.sum()), "pool": umprov_managed.stats()}
+
+
+def case_scaler() -> dict:
+    """GradScaler's step (fused AdamW, fp16 autocast) stays the device's, as written."""
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda")
+    losses = []
+    for x, y in batches(6):
+        with torch.autocast("cuda", torch.float16):
+            loss = torch.nn.functional.mse_loss(m(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return {"losses": losses, "host_step": "_umprov_host" in opt.__dict__}
+
+
 def case_ddp() -> dict:
     import torch.distributed as dist
 

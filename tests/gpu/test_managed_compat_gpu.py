@@ -105,3 +105,25 @@ def test_ddp_over_nccl(library):
     pool, _ = run(library, "ddp", UMPROV_MANAGED_GRADS_DOWN="1")
     assert pool["enabled"] and close(pool["losses"], base["losses"])
     assert not pool["grads_down"]  # DDP's reducer writes .grad after backward's hooks
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_tensors_past_the_budget_spill_to_the_reservoir(library, conf):
+    facts, err = run(library, "spill", PYTORCH_CUDA_ALLOC_CONF=conf,
+                     UMPROV_MANAGED_BUDGET="1g", UMPROV_MANAGED_RESERVOIR="4g")
+    assert facts["enabled"] and facts["right"] and facts["pool"]["spilled"] > 0, err[-2000:]
+
+
+def test_the_jobs_own_memory_fraction_is_of_device_memory(library):
+    """A fraction of 3 GiB, less than the 4 GiB reservoir PyTorch counts in every segment:
+    without the reservoir added to it, no new device segment could be made."""
+    facts, err = run(library, "fraction", UMPROV_MANAGED_RESERVOIR="4g")
+    assert facts["enabled"] and facts["sum"] == 256 << 20, err[-2000:]
+    assert facts["pool"]["spilled"] == 0 and facts["pool"]["placed"] >= 1 << 30, facts
+
+
+def test_gradscalers_step_stays_the_devices_and_trains_as_written(library):
+    base, _ = run(library, "scaler", pool=False)
+    pool, _ = run(library, "scaler")
+    assert pool["enabled"] and not pool["host_step"]
+    assert close(pool["losses"], base["losses"]), (pool["losses"], base["losses"])
