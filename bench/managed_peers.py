@@ -123,21 +123,20 @@ def allocator_counts(torch) -> dict:  # noqa: ANN001 - the child's torch
 
 
 def where_step(torch, managed, model, opt, x) -> dict:  # noqa: ANN001 - the child's torch
-    """The allocator's bytes after forward, after backward and after the step, each as placed
-    / spilled, live and cached free (torch's segment snapshot; a segment not of the pool is
-    torch's device memory: placed), and the parameters' and gradients' own after backward as
-    placed / spilled / not in the pool (torch's device memory, or a view of host memory):
-    which allocations hold the device's budget."""
+    """The allocator's bytes after forward, after backward and after the step, each as on
+    the device / in the reservoir, live and cached free (torch's segment snapshot), and the
+    parameters' and gradients' own after backward as on the device (or a view of host memory)
+    / in the reservoir: which allocations hold the device."""
     def pool() -> dict:
         torch.cuda.synchronize()
         out = {"live": [0.0, 0.0], "free": [0.0, 0.0]}
         for seg in torch.cuda.memory_snapshot():
-            spilled = managed.on_device(seg["address"]) == 0  # else ours placed, or torch's
+            spilled = int(managed.in_reservoir(seg["address"]))
             out["live"][spilled] += seg["allocated_size"] / GIB
             out["free"][spilled] += (seg["total_size"] - seg["allocated_size"]) / GIB
         return {k: [round(v, 2) for v in pair] for k, pair in out.items()}
 
-    seen = {"params": [0.0, 0.0, 0.0], "grads": [0.0, 0.0, 0.0]}  # placed, spilled, torch's
+    seen = {"params": [0.0, 0.0], "grads": [0.0, 0.0]}  # on the device, in the reservoir
     loss = model(x).float().square().mean()
     seen["after_forward"] = pool()
     loss.backward()
@@ -145,7 +144,7 @@ def where_step(torch, managed, model, opt, x) -> dict:  # noqa: ANN001 - the chi
     for p in model.parameters():
         for kind, t in (("params", p), ("grads", p.grad)):
             if t is not None:
-                at = {1: 0, 0: 1}.get(managed.on_device(t), 2)
+                at = int(managed.in_reservoir(t))
                 seen[kind][at] += t.numel() * t.element_size() / GIB
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -19,7 +19,7 @@ import managed_peers  # noqa: E402
 
 def test_where_step_counts_live_and_free_bytes_by_placement(monkeypatch):
     monkeypatch.setattr(managed_peers, "GIB", 1)  # figures in bytes
-    placed, spilled, foreign = 0x1000, 0x2000, 0x3000
+    placed, spilled, foreign = 0x1000, 0x2000, 0x3000  # torch's, the reservoir's, torch's
     segments = [{"address": placed, "total_size": 300, "allocated_size": 200},
                 {"address": spilled, "total_size": 400, "allocated_size": 100},
                 {"address": foreign, "total_size": 100, "allocated_size": 100}]
@@ -28,20 +28,18 @@ def test_where_step_counts_live_and_free_bytes_by_placement(monkeypatch):
     model = torch.nn.Linear(4, 4)
     host_side = {model.weight.data_ptr()}  # the weight spilled, the bias placed
 
-    def on_device(where):
+    def in_reservoir(where):
         if isinstance(where, int):
-            return {placed: 1, spilled: 0}.get(where, -1)
-        if where is model.weight or where is model.bias:
-            return 0 if where.data_ptr() in host_side else 1
-        return -1
+            return where == spilled
+        return (where is model.weight or where is model.bias) and where.data_ptr() in host_side
 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    seen = managed_peers.where_step(torch, SimpleNamespace(on_device=on_device), model, opt,
-                                    torch.ones(2, 4))
+    seen = managed_peers.where_step(torch, SimpleNamespace(in_reservoir=in_reservoir), model,
+                                    opt, torch.ones(2, 4))
     for phase in ("after_forward", "after_backward", "after_step"):
         assert seen[phase] == {"live": [300, 100], "free": [100, 300]}  # torch's: placed
-    assert seen["params"] == [4 * 4, 16 * 4, 0]  # bias placed, weight spilled
-    assert seen["grads"] == [0, 0, 4 * 4 + 16 * 4]  # not of the pool
+    assert seen["params"] == [4 * 4, 16 * 4]  # bias on the device, weight spilled
+    assert seen["grads"] == [4 * 4 + 16 * 4, 0]  # not of the reservoir
     assert model.weight.grad is None  # the step's zero_grad ran
 
 

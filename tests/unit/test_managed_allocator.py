@@ -1,10 +1,10 @@
-"""The managed-memory segment allocator's own logic (docker/pytorch-cuda/managed/umprov_managed.c),
-compiled here with gcc and driven through ctypes with a stand-in CUDA runtime that records each
-call: placement within the device budget (preferred on the device, prefetched), past it
-(preferred on the host, accessed by the device), a freed segment given back at once, the host
-budget past which a segment is refused, where an address lives (umprov_um_on_device), and the
-table of live segments. PyTorch's caching allocator does the caching (a torch.cuda.MemPool over
-these segments): there is no cache here to test. On a GPU: tests/gpu."""
+"""The managed-memory segment library (docker/pytorch-cuda/managed/umprov_managed.c), compiled
+here with gcc and driven through ctypes with a stand-in CUDA runtime that records each call:
+every segment preferred on the host and accessed by the device that asked, given back at
+once when freed, refused past the host's budget; whether an address is in a live segment
+(umprov_um_owns), and the table of live segments. PyTorch's caching allocator does the
+caching (the reservoir, a torch.cuda.MemPool over these segments): there is no cache here to
+test. Then the Python side's reservoir, with torch's calls stood in for. On a GPU: tests/gpu."""
 
 from __future__ import annotations
 
@@ -27,11 +27,12 @@ MANAGED = REPO / "docker" / "pytorch-cuda" / "managed"
 if str(MANAGED) not in sys.path:
     sys.path.insert(0, str(MANAGED))
 
-from umprov_managed import STATS, size_of  # noqa: E402
+import umprov_managed  # noqa: E402
+from umprov_managed import STATS, declare, size_of  # noqa: E402
 
 MIB = 1 << 20
 ADVISE_PREFERRED, ADVISE_ACCESSED_BY, CPU = 3, 5, -1
-LOC_DEVICE, LOC_HOST = 1, 2  # cudaMemLocationType (CUDA 13's advice and prefetch)
+LOC_DEVICE, LOC_HOST = 1, 2  # cudaMemLocationType (CUDA 13's advice)
 PAD = 4096  # the stand-in leaves this much between segments: an address past one is no other's
 
 
@@ -42,16 +43,11 @@ class Location(ctypes.Structure):  # cudaMemLocation, passed by value from CUDA 
 MALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
                           ctypes.c_uint)
 FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-MEMINFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_size_t),
-                           ctypes.POINTER(ctypes.c_size_t))
 ADVISE12 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int)
-PREFETCH12 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                              ctypes.c_void_p)
 ADVISE13 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             Location)
-PREFETCH13 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, Location,
-                              ctypes.c_uint, ctypes.c_void_p)
+VERSION = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +64,8 @@ class Runtime:
     """A CUDA runtime stand-in: host memory for managed memory, every call recorded.
     ``refuse_malloc``: cudaMallocManaged fails; ``advise_rc``: what advice calls return."""
 
-    def __init__(self, free_bytes: int, *, v13: bool = False) -> None:
+    def __init__(self, *, v13: bool = False) -> None:
         self.calls: list[tuple] = []
-        self.free_bytes = free_bytes
         self.refuse_malloc = False
         self.advise_rc = 0
         libc = ctypes.CDLL(None)
@@ -91,60 +86,48 @@ class Runtime:
             libc.free(ptr)
             return 0
 
-        def mem_get_info(free_out, total_out):
-            self.calls.append(("mem_get_info",))
-            free_out[0], total_out[0] = self.free_bytes, 2 * self.free_bytes
-            return 0
-
         def advise12(ptr, size, advice, device):
             self.calls.append(("advise", ptr, size, advice, device))
             return self.advise_rc
-
-        def prefetch12(ptr, size, device, stream):
-            self.calls.append(("prefetch", ptr, size, device, stream))
-            return 0
 
         def advise13(ptr, size, advice, loc):  # recorded as CUDA 12's int device: -1 the host
             self.calls.append(("advise", ptr, size, advice,
                                CPU if loc.type == LOC_HOST else loc.id, (loc.type, loc.id)))
             return self.advise_rc
 
-        def prefetch13(ptr, size, loc, flags, stream):
-            self.calls.append(("prefetch", ptr, size, loc.id, stream, (loc.type, loc.id, flags)))
+        def version(out):
+            out[0] = 13000 if v13 else 12080
             return 0
 
-        advise, prefetch = ((ADVISE13(advise13), PREFETCH13(prefetch13)) if v13 else
-                            (ADVISE12(advise12), PREFETCH12(prefetch12)))
-        self.fns = [MALLOC(malloc_managed), FREE(free), MEMINFO(mem_get_info), advise, prefetch]
+        self.cudaMallocManaged, self.cudaFree = MALLOC(malloc_managed), FREE(free)
+        self.cudaMemAdvise = ADVISE13(advise13) if v13 else ADVISE12(advise12)
+        self.cudaRuntimeGetVersion = VERSION(version)
+        self.fns = [self.cudaMallocManaged, self.cudaFree, self.cudaMemAdvise]
 
     def of(self, ptr: int) -> list[tuple]:
-        """The advice and prefetch calls for the segment at ptr (its size left out)."""
-        return [(c[0],) + c[3:] for c in self.calls if c[0] in ("advise", "prefetch") and
-                c[1] == ptr]
+        """The advice calls for the segment at ptr (its size left out)."""
+        return [(c[0],) + c[3:] for c in self.calls if c[0] == "advise" and c[1] == ptr]
 
     def named(self, name: str) -> list[tuple]:
         return [c for c in self.calls if c[0] == name]
 
 
-def allocator(library: Path, tmp_path: Path, *, free_bytes: int = 1 << 40, reserve: int = 0,
-              budget: int = -1, host_budget: int = -1, host_reserve: int = 0,
-              version: int = 12080, init: bool = True) -> tuple[ctypes.CDLL, Runtime]:
-    """A fresh copy of the library (its state is per load), initialised on the stand-in."""
+def fresh_copy(library: Path, tmp_path: Path) -> Path:
+    """A copy of the library to load: its state is per load."""
     copy = tmp_path / f"alloc-{len(list(tmp_path.iterdir()))}.so"
     shutil.copy(library, copy)
-    lib = ctypes.CDLL(str(copy))
-    runtime = Runtime(free_bytes, v13=version >= 13000)
-    lib.umprov_um_init.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_longlong] * 4
-    lib.umprov_um_malloc.restype = ctypes.c_void_p
-    lib.umprov_um_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-    lib.umprov_um_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
-                                   ctypes.c_void_p]
-    lib.umprov_um_on_device.argtypes = [ctypes.c_void_p]
-    lib.umprov_um_on_device.restype = ctypes.c_int
+    return copy
+
+
+def allocator(library: Path, tmp_path: Path, *, host_budget: int = -1, host_reserve: int = 0,
+              version: int = 12080, init: bool = True) -> tuple[ctypes.CDLL, Runtime]:
+    """A fresh copy of the library, declared as the Python side declares it, initialised on
+    the stand-in."""
+    lib = declare(ctypes.CDLL(str(fresh_copy(library, tmp_path))))
+    runtime = Runtime(v13=version >= 13000)
     if init:
         pointers = [ctypes.cast(f, ctypes.c_void_p).value for f in runtime.fns]
-        assert lib.umprov_um_init(*pointers, version, budget, reserve, host_budget,
-                                  host_reserve) == 0
+        assert lib.umprov_um_init(*pointers, version, host_budget, host_reserve) == 0
     return lib, runtime
 
 
@@ -161,83 +144,60 @@ def mem_available() -> int:
     raise AssertionError("no MemAvailable in /proc/meminfo")
 
 
-def test_stats_are_the_nine_the_python_side_names(library, tmp_path):
-    lib, _ = allocator(library, tmp_path, budget=5 * MIB, host_budget=7 * MIB)
-    assert STATS == ("budget", "placed", "spilled", "peak_placed", "peak_spilled",
-                     "allocations", "failed_advice", "refused", "host_budget")
-    assert stats(lib) == dict.fromkeys(STATS, 0) | {"budget": 5 * MIB, "host_budget": 7 * MIB}
+def test_stats_are_the_six_the_python_side_names(library, tmp_path):
+    lib, _ = allocator(library, tmp_path, host_budget=7 * MIB)
+    assert STATS == ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
+                     "host_budget")
+    assert stats(lib) == dict.fromkeys(STATS, 0) | {"host_budget": 7 * MIB}
 
 
-def test_within_the_budget_on_the_device_past_it_on_the_host(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, free_bytes=10 * MIB, reserve=2 * MIB)  # budget 8
-    fits = lib.umprov_um_malloc(6 * MIB, 0, 77)
-    spills = lib.umprov_um_malloc(4 * MIB, 0, 77)  # 6 + 4 > 8
-    also_fits = lib.umprov_um_malloc(2 * MIB, 0, 77)  # 6 + 2 = 8: still the device's
-    assert None not in (fits, spills, also_fits)
-    assert [c[1:3] for c in rt.named("malloc")] == [(6 * MIB, 1), (4 * MIB, 1), (2 * MIB, 1)]
-    assert rt.of(fits) == [("advise", ADVISE_PREFERRED, 0), ("prefetch", 0, 77)]
-    assert rt.of(spills) == [("advise", ADVISE_PREFERRED, CPU), ("advise", ADVISE_ACCESSED_BY, 0)]
-    assert rt.of(also_fits) == [("advise", ADVISE_PREFERRED, 0), ("prefetch", 0, 77)]
-    assert len(rt.named("mem_get_info")) == 1  # the budget is taken once, at the first segment
+@pytest.mark.parametrize("version", [12080, 13000])
+def test_the_python_side_initialises_the_library_from_the_runtime_torch_loaded(
+        library, tmp_path, monkeypatch, version):
+    """_library(): the runtime's own functions, the version that picks the advice call's
+    form, and the host reserve, handed over in the order C declares them."""
+    runtime = Runtime(v13=version >= 13000)
+    monkeypatch.setattr(umprov_managed, "_cudart", lambda: runtime)
+    monkeypatch.setattr(umprov_managed, "LIBRARY", fresh_copy(library, tmp_path))
+    monkeypatch.setenv("UMPROV_MANAGED_HOST_RESERVE", "0")
+    lib = umprov_managed._library()
+    p = lib.umprov_um_malloc(MIB, 2, None)
+    assert p is not None and runtime.named("malloc") == [("malloc", MIB, 1, p)]
+    assert [c[:3] for c in runtime.of(p)] == [("advise", ADVISE_PREFERRED, CPU),
+                                             ("advise", ADVISE_ACCESSED_BY, 2)]
+    assert stats(lib)["host_budget"] > 0  # the host's: taken at the first segment
+
+
+def test_every_segment_is_kept_on_the_host_and_mapped_for_the_device_that_asked(
+        library, tmp_path):
+    lib, rt = allocator(library, tmp_path)
+    on_3 = lib.umprov_um_malloc(MIB, 3, 77)
+    for_0 = lib.umprov_um_malloc(4 * MIB, 0, 77)
+    assert [c[1:3] for c in rt.named("malloc")] == [(MIB, 1), (4 * MIB, 1)]  # attach global
+    assert rt.of(on_3) == [("advise", ADVISE_PREFERRED, CPU), ("advise", ADVISE_ACCESSED_BY, 3)]
+    assert rt.of(for_0) == [("advise", ADVISE_PREFERRED, CPU), ("advise", ADVISE_ACCESSED_BY, 0)]
     s = stats(lib)
-    assert (s["budget"], s["placed"], s["spilled"]) == (8 * MIB, 8 * MIB, 4 * MIB)
-    assert (s["allocations"], s["refused"], s["failed_advice"]) == (3, 0, 0)
-    assert s["host_budget"] > 0  # taken from the host at the first spill (host_reserve 0)
-
-
-def test_advice_goes_to_the_device_it_is_asked_for(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, budget=MIB)
-    on_3 = lib.umprov_um_malloc(MIB, 3, None)
-    spilled_for_2 = lib.umprov_um_malloc(MIB, 2, None)
-    assert rt.of(on_3) == [("advise", ADVISE_PREFERRED, 3), ("prefetch", 3, None)]
-    assert rt.of(spilled_for_2) == [("advise", ADVISE_PREFERRED, CPU),
-                                    ("advise", ADVISE_ACCESSED_BY, 2)]
-    assert not rt.named("mem_get_info")  # a budget given is not asked of the device
+    assert (s["bytes"], s["peak_bytes"], s["allocations"]) == (5 * MIB, 5 * MIB, 2)
+    assert (s["refused"], s["failed_advice"]) == (0, 0)
 
 
 def test_cuda_13_takes_a_location_by_value(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, budget=MIB, version=13000)
-    fits = lib.umprov_um_malloc(MIB, 1, 5)
-    spills = lib.umprov_um_malloc(MIB, 1, 5)
-    assert rt.of(fits) == [("advise", ADVISE_PREFERRED, 1, (LOC_DEVICE, 1)),
-                           ("prefetch", 1, 5, (LOC_DEVICE, 1, 0))]
-    assert rt.of(spills) == [("advise", ADVISE_PREFERRED, CPU, (LOC_HOST, 0)),
-                             ("advise", ADVISE_ACCESSED_BY, 1, (LOC_DEVICE, 1))]
-
-
-def test_no_free_memory_past_the_reserve_spills_everything(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, free_bytes=MIB, reserve=2 * MIB)
-    p = lib.umprov_um_malloc(4096, 0, None)
-    assert rt.of(p)[0] == ("advise", ADVISE_PREFERRED, CPU)
-    assert (stats(lib)["budget"], stats(lib)["spilled"]) == (0, 4096)
+    lib, rt = allocator(library, tmp_path, version=13000)
+    p = lib.umprov_um_malloc(MIB, 1, 5)
+    assert rt.of(p) == [("advise", ADVISE_PREFERRED, CPU, (LOC_HOST, 0)),
+                        ("advise", ADVISE_ACCESSED_BY, 1, (LOC_DEVICE, 1))]
 
 
 def test_a_freed_segment_is_given_back_at_once_and_leaves_the_counts(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, budget=8 * MIB, host_budget=64 * MIB)
-    placed = lib.umprov_um_malloc(6 * MIB, 0, None)
-    spilled = lib.umprov_um_malloc(4 * MIB, 0, None)
-    lib.umprov_um_free(placed, 6 * MIB, 0, None)
-    assert rt.named("free") == [("free", placed)]  # at once: no cache here
-    s = stats(lib)
-    assert (s["placed"], s["spilled"], s["peak_placed"]) == (0, 4 * MIB, 6 * MIB)
-    lib.umprov_um_free(spilled, 4 * MIB, 0, None)
-    assert rt.named("free") == [("free", placed), ("free", spilled)]
-    s = stats(lib)
-    assert (s["placed"], s["spilled"], s["peak_spilled"]) == (0, 0, 4 * MIB)
-    again = lib.umprov_um_malloc(7 * MIB, 0, None)  # the device's room is back
-    assert rt.of(again)[0] == ("advise", ADVISE_PREFERRED, 0)
-    assert (stats(lib)["placed"], stats(lib)["allocations"]) == (7 * MIB, 3)
-
-
-def test_a_freed_segment_takes_its_own_placement_off_whatever_size_is_passed(library, tmp_path):
-    """The size PyTorch passes at free is not trusted: the table knows each segment's."""
-    lib, rt = allocator(library, tmp_path, budget=2 * MIB)
-    placed = lib.umprov_um_malloc(2 * MIB, 0, None)
-    spilled = lib.umprov_um_malloc(3 * MIB, 0, None)
-    lib.umprov_um_free(spilled, 1, 0, None)
-    assert (stats(lib)["placed"], stats(lib)["spilled"]) == (2 * MIB, 0)
-    lib.umprov_um_free(placed, 0, 0, None)
-    assert (stats(lib)["placed"], stats(lib)["spilled"]) == (0, 0)
+    lib, rt = allocator(library, tmp_path, host_budget=64 * MIB)
+    first = lib.umprov_um_malloc(6 * MIB, 0, None)
+    second = lib.umprov_um_malloc(4 * MIB, 0, None)
+    lib.umprov_um_free(first, 1, 0, None)  # the size passed is not trusted: the table's is
+    assert rt.named("free") == [("free", first)]  # at once: no cache here
+    assert (stats(lib)["bytes"], stats(lib)["peak_bytes"]) == (4 * MIB, 10 * MIB)
+    lib.umprov_um_free(second, 0, 0, None)
+    assert rt.named("free") == [("free", first), ("free", second)]
+    assert (stats(lib)["bytes"], stats(lib)["allocations"]) == (0, 2)
 
 
 def test_a_segment_is_freed_once_and_foreign_or_null_pointers_are_ignored(library, tmp_path):
@@ -249,31 +209,25 @@ def test_a_segment_is_freed_once_and_foreign_or_null_pointers_are_ignored(librar
     lib.umprov_um_free(ctypes.addressof(foreign), 64, 0, None)
     lib.umprov_um_free(None, 0, 0, None)
     assert rt.named("free") == [("free", p)]
-    assert stats(lib)["placed"] == 0
+    assert stats(lib)["bytes"] == 0
 
 
 def test_past_the_host_budget_a_segment_is_refused_and_nothing_is_allocated(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, budget=4 * MIB, host_budget=6 * MIB)
-    on_device = lib.umprov_um_malloc(4 * MIB, 0, None)
-    spilled = lib.umprov_um_malloc(5 * MIB, 0, None)
-    mallocs = len(rt.named("malloc"))
-    assert lib.umprov_um_malloc(2 * MIB, 0, None) is None  # 5 + 2 > 6 on the host
-    assert len(rt.named("malloc")) == mallocs  # CUDA was not asked
-    s = stats(lib)
-    assert (s["refused"], s["allocations"], s["spilled"], s["placed"]) == (1, 2, 5 * MIB, 4 * MIB)
+    lib, rt = allocator(library, tmp_path, host_budget=6 * MIB)
+    first = lib.umprov_um_malloc(5 * MIB, 0, None)
+    assert lib.umprov_um_malloc(2 * MIB, 0, None) is None  # 5 + 2 > 6
+    assert len(rt.named("malloc")) == 1  # CUDA was not asked
     assert lib.umprov_um_malloc(MIB, 0, None) is not None  # 5 + 1 = 6 still fits
-    lib.umprov_um_free(spilled, 5 * MIB, 0, None)
+    lib.umprov_um_free(first, 5 * MIB, 0, None)
     assert lib.umprov_um_malloc(2 * MIB, 0, None) is not None  # room again once one is freed
-    lib.umprov_um_free(on_device, 4 * MIB, 0, None)
     s = stats(lib)
-    assert (s["refused"], s["allocations"], s["host_budget"]) == (1, 4, 6 * MIB)
+    assert (s["refused"], s["allocations"], s["host_budget"]) == (1, 3, 6 * MIB)
 
 
 def test_the_host_budget_is_the_hosts_available_memory_less_its_reserve(library, tmp_path):
     reserve = mem_available() // 2  # far more than the slack below
-    lib, _ = allocator(library, tmp_path, budget=MIB, host_reserve=reserve)
-    lib.umprov_um_malloc(MIB, 0, None)
-    assert stats(lib)["host_budget"] == -1  # nothing spilled yet: not taken
+    lib, _ = allocator(library, tmp_path, host_reserve=reserve)
+    assert stats(lib)["host_budget"] == -1  # nothing allocated yet: not taken
     before = mem_available()
     assert lib.umprov_um_malloc(MIB, 0, None) is not None
     after = mem_available()
@@ -282,13 +236,12 @@ def test_the_host_budget_is_the_hosts_available_memory_less_its_reserve(library,
     assert min(before, after) - reserve - slack <= host_budget <= max(before, after) - reserve + slack
 
 
-def test_a_host_reserve_past_the_hosts_memory_refuses_every_spill(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, budget=MIB, host_reserve=1 << 60)
-    assert lib.umprov_um_malloc(MIB, 0, None) is not None  # the device's budget: no host needed
+def test_a_host_reserve_past_the_hosts_memory_refuses_every_segment(library, tmp_path):
+    lib, rt = allocator(library, tmp_path, host_reserve=1 << 60)
     assert lib.umprov_um_malloc(4096, 0, None) is None
     s = stats(lib)
-    assert (s["host_budget"], s["refused"], s["spilled"], s["allocations"]) == (0, 1, 0, 1)
-    assert len(rt.named("malloc")) == 1
+    assert (s["host_budget"], s["refused"], s["bytes"], s["allocations"]) == (0, 1, 0, 0)
+    assert not rt.named("malloc")
 
 
 def test_cuda_refusing_a_segment_is_counted_and_nothing_is_kept(library, tmp_path):
@@ -296,21 +249,19 @@ def test_cuda_refusing_a_segment_is_counted_and_nothing_is_kept(library, tmp_pat
     rt.refuse_malloc = True
     assert lib.umprov_um_malloc(MIB, 0, None) is None
     s = stats(lib)
-    assert (s["refused"], s["allocations"], s["placed"], s["spilled"]) == (1, 0, 0, 0)
+    assert (s["refused"], s["allocations"], s["bytes"]) == (1, 0, 0)
     rt.refuse_malloc = False
     p = lib.umprov_um_malloc(MIB, 0, None)
-    assert p is not None and lib.umprov_um_on_device(p) == 1
-    assert stats(lib)["placed"] == MIB
+    assert p is not None and lib.umprov_um_owns(p) == 1
+    assert stats(lib)["bytes"] == MIB
 
 
 def test_failed_advice_is_counted_and_the_segment_stays_good(library, tmp_path):
-    lib, rt = allocator(library, tmp_path, budget=MIB)
+    lib, rt = allocator(library, tmp_path)
     rt.advise_rc = 1
-    placed = lib.umprov_um_malloc(MIB, 0, None)
-    spilled = lib.umprov_um_malloc(MIB, 0, None)
-    assert None not in (placed, spilled)
+    assert None not in (lib.umprov_um_malloc(MIB, 0, None), lib.umprov_um_malloc(MIB, 0, None))
     s = stats(lib)
-    assert (s["failed_advice"], s["allocations"], s["placed"], s["spilled"]) == (2, 2, MIB, MIB)
+    assert (s["failed_advice"], s["allocations"], s["bytes"]) == (2, 2, 2 * MIB)
 
 
 def test_nothing_before_init_and_no_empty_segments(library, tmp_path):
@@ -320,45 +271,36 @@ def test_nothing_before_init_and_no_empty_segments(library, tmp_path):
     assert lib.umprov_um_malloc(0, 0, None) is None
     assert lib.umprov_um_malloc(-1, 0, None) is None
     assert not rt.named("malloc") and stats(lib)["allocations"] == 0
-    lib.umprov_um_init.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_longlong] * 4
-    assert lib.umprov_um_init(None, None, None, None, None, 12080, -1, 0, -1, 0) == -1
+    assert lib.umprov_um_init(None, None, None, 12080, -1, 0) == -1
 
 
-def test_on_device_for_addresses_inside_and_outside_segments(library, tmp_path):
-    lib, _ = allocator(library, tmp_path, budget=MIB)
-    placed = lib.umprov_um_malloc(MIB, 0, None)
-    spilled = lib.umprov_um_malloc(3000, 0, None)
-    for at in (placed, placed + 1, placed + MIB // 2, placed + MIB - 1):
-        assert lib.umprov_um_on_device(at) == 1, at - placed
-    for at in (spilled, spilled + 2999):
-        assert lib.umprov_um_on_device(at) == 0, at - spilled
-    assert lib.umprov_um_on_device(placed + MIB) == -1  # one past the end: PAD, nobody's
-    assert lib.umprov_um_on_device(spilled + 3000) == -1
-    assert lib.umprov_um_on_device(placed - 1) == -1
+def test_owns_the_addresses_inside_live_segments_only(library, tmp_path):
+    lib, _ = allocator(library, tmp_path)
+    big = lib.umprov_um_malloc(MIB, 0, None)
+    small = lib.umprov_um_malloc(3000, 0, None)
+    for at in (big, big + 1, big + MIB // 2, big + MIB - 1, small, small + 2999):
+        assert lib.umprov_um_owns(at) == 1, at
+    for at in (big + MIB, small + 3000, big - 1, None):  # one past the end: PAD, nobody's
+        assert lib.umprov_um_owns(at) == 0, at
     foreign = ctypes.create_string_buffer(64)
-    assert lib.umprov_um_on_device(ctypes.addressof(foreign)) == -1
-    assert lib.umprov_um_on_device(None) == -1
-    lib.umprov_um_free(placed, MIB, 0, None)
-    assert lib.umprov_um_on_device(placed + 10) == -1  # freed: no longer ours
-    assert lib.umprov_um_on_device(spilled + 10) == 0
+    assert lib.umprov_um_owns(ctypes.addressof(foreign)) == 0
+    lib.umprov_um_free(big, MIB, 0, None)
+    assert lib.umprov_um_owns(big + 10) == 0  # freed: no longer ours
+    assert lib.umprov_um_owns(small + 10) == 1
 
 
 def test_thousands_of_live_segments_are_found_again_whatever_the_order_of_frees(library,
                                                                                tmp_path):
     """Live segments sit in a hash table (it grows, and its probe chains shift back on every
     free): each of 3,000 segments freed in a shuffled order is found and given back exactly
-    once, its bytes leaving placed or spilled; a pointer the allocator never gave is ignored."""
-    budget = sum(64 + i for i in range(1500))  # the first 1,500 placed, the rest spilled
-    lib, rt = allocator(library, tmp_path, budget=budget, host_budget=1 << 40)
+    once, its bytes leaving the count; a pointer the allocator never gave is ignored."""
+    lib, rt = allocator(library, tmp_path, host_budget=1 << 40)
     sizes = {}
     for i in range(3000):
         ptr = lib.umprov_um_malloc(64 + i, 0, None)
         assert ptr is not None
         sizes[ptr] = 64 + i
-    assert len(sizes) == 3000
-    placed = {p for p, size in sizes.items() if size < 64 + 1500}
-    s = stats(lib)
-    assert (s["placed"], s["spilled"]) == (budget, sum(sizes.values()) - budget)
+    assert len(sizes) == 3000 and stats(lib)["bytes"] == sum(sizes.values())
     order = list(sizes)
     random.Random(5).shuffle(order)  # noqa: S311 - a fixed order, not a secret
     for n, ptr in enumerate(order[:1500], 1):
@@ -369,19 +311,15 @@ def test_thousands_of_live_segments_are_found_again_whatever_the_order_of_frees(
     lib.umprov_um_free(ctypes.addressof(foreign), 64, 0, None)  # not ours
     assert len(rt.named("free")) == 1500
     left = order[1500:]
-    s = stats(lib)
-    assert s["placed"] == sum(sizes[p] for p in left if p in placed)
-    assert s["spilled"] == sum(sizes[p] for p in left if p not in placed)
-    for ptr in order[:1500]:
-        assert lib.umprov_um_on_device(ptr) == -1
-    for ptr in left:
-        assert lib.umprov_um_on_device(ptr + sizes[ptr] - 1) == (ptr in placed)
+    assert stats(lib)["bytes"] == sum(sizes[p] for p in left)
+    assert not any(lib.umprov_um_owns(ptr) for ptr in order[:1500])
+    assert all(lib.umprov_um_owns(ptr + sizes[ptr] - 1) for ptr in left)
     for ptr in left:
         lib.umprov_um_free(ptr, sizes[ptr], 0, None)
     freed = Counter(c[1] for c in rt.named("free"))
     assert freed == Counter(list(sizes)) and set(freed.values()) == {1}
     s = stats(lib)
-    assert (s["placed"], s["spilled"], s["allocations"], s["refused"]) == (0, 0, 3000, 0)
+    assert (s["bytes"], s["allocations"], s["refused"]) == (0, 3000, 0)
 
 
 def test_the_python_side_reads_sizes_as_people_write_them():
@@ -410,8 +348,6 @@ class Pool:
 def reservoir(monkeypatch):
     """umprov_managed's state as _start leaves it, and a stand-in torch whose calls are
     logged: the device selected, tensors made (in which pool), the memory fraction set."""
-    import umprov_managed
-
     log: list[tuple] = []
     in_pool: list = []
 
@@ -562,8 +498,6 @@ def test_expandable_segments_are_off_while_the_reservoir_is_made_and_on_again(
      "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb:512 keeps PyTorch from splitting"),
     ("expandable_segments:True", None), ("", None)])
 def test_allocator_settings_the_reservoir_cannot_run_with_are_named(monkeypatch, conf, why):
-    import umprov_managed
-
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
     found = umprov_managed.ruled_out()
@@ -624,8 +558,6 @@ def test_enable_never_starts_cuda_itself_and_leaves_nothing_half_made(monkeypatc
     """At import (the .pth hook) enable() only asks whether torch has CUDA at all: starting
     CUDA then would break a fork before the job's own start. A start that fails leaves
     nothing behind, so enable() can be called again."""
-    import umprov_managed
-
     monkeypatch.setattr(umprov_managed, "_state", {})
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
@@ -650,8 +582,6 @@ def test_enable_never_starts_cuda_itself_and_leaves_nothing_half_made(monkeypatc
 
 
 def test_a_budget_that_is_not_a_size_names_its_variable(monkeypatch):
-    import umprov_managed
-
     monkeypatch.setattr(umprov_managed, "_state", {})
     monkeypatch.setitem(sys.modules, "torch", torch_stub(initialized=False))
     monkeypatch.setenv("UMPROV_MANAGED_BUDGET", "lots")

@@ -2,27 +2,20 @@
  *
  * umprov_managed.py makes each device's reservoir from these segments: a torch.cuda.MemPool
  * (use_on_oom) behind PyTorch's own caching allocator, which takes its free blocks where
- * device memory runs out. Each segment is CUDA managed (unified) memory. The reservoir
- * initialises the library with a device budget of 0: every segment is kept on the host and
- * mapped for the GPU. A budget above 0 (the library's own placement, below) is not used by the
- * image today.
- *
- * Placement keeps a working set that fits at device speed: while the bytes placed on the
- * device stay within a budget (the device memory free at the first segment, less a reserve),
- * a segment is preferred on the device and prefetched there on the allocating stream, so
- * nothing faults. Past the budget, a segment is preferred on the host and mapped for the
- * device (accessed by): the GPU reads and writes it over PCIe rather than migrating pages back
- * and forth. Spilled bytes are bounded by the host: past its budget (the memory available at
- * the first segment, less a reserve) a segment is refused and PyTorch raises out-of-memory as
- * it would on the device, instead of the kernel's OOM killer ending the process.
+ * device memory runs out. Each segment is CUDA managed (unified) memory preferred on the host
+ * and mapped for the device that asked for it (accessed by): the GPU reads and writes it over
+ * PCIe rather than migrating pages back and forth. Segments are bounded by the host: past its
+ * budget (the memory available at the first segment, less a reserve) a segment is refused and
+ * PyTorch raises out-of-memory as it would on the device, instead of the kernel's OOM killer
+ * ending the process.
  *
  * No cache here: the caching allocator reuses blocks and gives segments back (empty_cache, or
  * before it reports out-of-memory), and a freed segment is freed at once.
  *
  * No CUDA header or library at build time: the CUDA runtime's functions come from the
  * libcudart that torch loaded (umprov_managed.py passes them to umprov_um_init), so there is
- * one runtime and one context, and the same build serves CUDA 12 and 13 (whose advice and
- * prefetch calls take a cudaMemLocation by value instead of an int device).
+ * one runtime and one context, and the same build serves CUDA 12 and 13 (whose advice call
+ * takes a cudaMemLocation by value instead of an int device).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -34,12 +27,9 @@
 
 typedef int (*malloc_managed_fn)(void **, size_t, unsigned int);
 typedef int (*free_fn)(void *);
-typedef int (*mem_get_info_fn)(size_t *, size_t *);
 typedef struct { int type; int id; } um_location; /* cudaMemLocation */
 typedef int (*advise13_fn)(const void *, size_t, int, um_location);
 typedef int (*advise12_fn)(const void *, size_t, int, int);
-typedef int (*prefetch13_fn)(const void *, size_t, um_location, unsigned int, void *);
-typedef int (*prefetch12_fn)(const void *, size_t, int, void *);
 
 enum { ATTACH_GLOBAL = 1, ADVISE_PREFERRED = 3, ADVISE_ACCESSED_BY = 5, LOC_DEVICE = 1,
        LOC_HOST = 2, CPU_DEVICE = -1 };
@@ -47,20 +37,17 @@ enum { ATTACH_GLOBAL = 1, ADVISE_PREFERRED = 3, ADVISE_ACCESSED_BY = 5, LOC_DEVI
 static struct {
   malloc_managed_fn malloc_managed;
   free_fn free_;
-  mem_get_info_fn mem_get_info;
-  void *advise, *prefetch;
+  void *advise;
   int v13, ready;
-  long long budget;      /* device bytes segments may be placed in; < 0: set at the first one */
-  long long reserve;     /* device bytes kept free for others when the budget is set */
-  long long host_budget; /* host bytes segments may spill to; < 0: set at the first spill */
+  long long host_budget; /* bytes segments may hold; < 0: set at the first segment */
   long long host_reserve;
-  long long placed, spilled, peak_placed, peak_spilled, allocs, failures, refused;
-} um = {.budget = -1, .host_budget = -1};
+  long long bytes, peak, allocs, failures, refused;
+} um = {.host_budget = -1};
 static pthread_mutex_t um_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Live segments, by address (to know a freed segment's placement): open addressing, cap a
- * power of two, kept at most half full, ptr NULL is empty. */
-typedef struct { void *ptr; long long size; int on_device; } block;
+/* Live segments, by address (a freed segment's size; whether an address is ours): open
+ * addressing, cap a power of two, kept at most half full, ptr NULL is empty. */
+typedef struct { void *ptr; long long size; } block;
 static struct { block *at; size_t n, cap; } live;
 
 static size_t slot_of(const void *p, size_t cap) {
@@ -121,14 +108,6 @@ static int advise(void *p, size_t n, int advice, int host, int device) {
   return ((advise12_fn)um.advise)(p, n, advice, host ? CPU_DEVICE : device);
 }
 
-static int prefetch(void *p, size_t n, int device, void *stream) {
-  if (um.v13) {
-    um_location loc = {LOC_DEVICE, device};
-    return ((prefetch13_fn)um.prefetch)(p, n, loc, 0, stream);
-  }
-  return ((prefetch12_fn)um.prefetch)(p, n, device, stream);
-}
-
 /* MemAvailable from /proc/meminfo, in bytes; -1 where it cannot be read. */
 static long long host_available(void) {
   FILE *f = fopen("/proc/meminfo", "r");
@@ -141,73 +120,52 @@ static long long host_available(void) {
   return kib < 0 ? -1 : kib * 1024;
 }
 
-/* Called once from Python before the allocator is used. A budget < 0 is set at first use. */
-int umprov_um_init(void *malloc_managed, void *free_, void *mem_get_info, void *advise_fn,
-                   void *prefetch_fn, int runtime_version, long long budget, long long reserve,
+/* Called once from Python before the allocator is used. A host budget < 0 is taken from
+ * the host at the first segment, less host_reserve. */
+int umprov_um_init(void *malloc_managed, void *free_, void *advise_fn, int runtime_version,
                    long long host_budget, long long host_reserve) {
-  if (!malloc_managed || !free_ || !mem_get_info || !advise_fn || !prefetch_fn) return -1;
+  if (!malloc_managed || !free_ || !advise_fn) return -1;
   um.malloc_managed = (malloc_managed_fn)malloc_managed;
   um.free_ = (free_fn)free_;
-  um.mem_get_info = (mem_get_info_fn)mem_get_info;
   um.advise = advise_fn;
-  um.prefetch = prefetch_fn;
   um.v13 = runtime_version >= 13000;
-  um.budget = budget;
-  um.reserve = reserve;
   um.host_budget = host_budget;
   um.host_reserve = host_reserve;
   um.ready = 1;
   return 0;
 }
 
-/* Where a segment goes: 1 the device, 0 the host, -1 nowhere (past both budgets). Called
- * with um_lock held. */
-static int placement(long long size) {
-  if (um.budget < 0) {
-    size_t free_b = 0, total = 0;
-    um.budget = um.mem_get_info(&free_b, &total) == 0 && (long long)free_b > um.reserve
-                    ? (long long)free_b - um.reserve : 0;
-  }
-  if (um.placed + size <= um.budget) return 1;
+/* Whether a segment of size fits the host budget. Called with um_lock held. */
+static int fits(long long size) {
   if (um.host_budget < 0) {
     long long avail = host_available();
     um.host_budget = avail > um.host_reserve ? avail - um.host_reserve : 0;
   }
-  return um.spilled + size <= um.host_budget ? 0 : -1;
+  return um.bytes + size <= um.host_budget;
 }
 
 void *umprov_um_malloc(ssize_t size, int device, void *stream) {
+  (void)stream;
   if (!um.ready || size <= 0) return NULL;
   pthread_mutex_lock(&um_lock);
-  int on_device = placement(size);
   void *p = NULL;
-  if (on_device < 0 || um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
+  if (!fits(size) || um.malloc_managed(&p, (size_t)size, ATTACH_GLOBAL) != 0) {
     um.refused++; /* PyTorch frees its cached segments and asks again, or raises OOM */
     pthread_mutex_unlock(&um_lock);
     return NULL;
   }
-  block x = {p, size, on_device};
+  block x = {p, size};
   if (live_put(x) != 0) {
     um.free_(p);
     pthread_mutex_unlock(&um_lock);
     return NULL;
   }
-  if (on_device) {
-    um.placed += size;
-    if (um.placed > um.peak_placed) um.peak_placed = um.placed;
-  } else {
-    um.spilled += size;
-    if (um.spilled > um.peak_spilled) um.peak_spilled = um.spilled;
-  }
+  um.bytes += size;
+  if (um.bytes > um.peak) um.peak = um.bytes;
   um.allocs++;
   pthread_mutex_unlock(&um_lock);
-  int rc;
-  if (on_device)
-    rc = advise(p, (size_t)size, ADVISE_PREFERRED, 0, device) |
-         prefetch(p, (size_t)size, device, stream);
-  else
-    rc = advise(p, (size_t)size, ADVISE_PREFERRED, 1, device) |
-         advise(p, (size_t)size, ADVISE_ACCESSED_BY, 0, device);
+  int rc = advise(p, (size_t)size, ADVISE_PREFERRED, 1, device) |
+           advise(p, (size_t)size, ADVISE_ACCESSED_BY, 0, device);
   if (rc) __atomic_add_fetch(&um.failures, 1, __ATOMIC_RELAXED); /* advice only: p stays good */
   return p;
 }
@@ -221,34 +179,30 @@ void umprov_um_free(void *ptr, ssize_t size, int device, void *stream) {
   pthread_mutex_lock(&um_lock);
   block x;
   int ours = live_take(ptr, &x) == 0;
-  if (ours) {
-    if (x.on_device) um.placed -= x.size;
-    else um.spilled -= x.size;
-  }
+  if (ours) um.bytes -= x.size;
   pthread_mutex_unlock(&um_lock);
   if (ours) um.free_(ptr);
 }
 
-/* Where the byte at p lives: 1 a segment placed on the device, 0 one spilled to the host,
- * -1 no segment of ours (a scan: segments are few, megabytes each). */
-int umprov_um_on_device(const void *p) {
-  int where = -1;
+/* 1 where the byte at p is in a live segment of ours (the reservoir, on the host), else 0
+ * (a scan: segments are few, megabytes each). */
+int umprov_um_owns(const void *p) {
+  int ours = 0;
   uintptr_t a = (uintptr_t)p;
   pthread_mutex_lock(&um_lock);
-  for (size_t i = 0; i < live.cap && where < 0; i++) {
+  for (size_t i = 0; i < live.cap && !ours; i++) {
     uintptr_t base = (uintptr_t)live.at[i].ptr;
-    if (base && a >= base && a < base + (uintptr_t)live.at[i].size) where = live.at[i].on_device;
+    ours = base && a >= base && a < base + (uintptr_t)live.at[i].size;
   }
   pthread_mutex_unlock(&um_lock);
-  return where;
+  return ours;
 }
 
-/* budget, placed, spilled, peak_placed, peak_spilled, segments allocated, failed advice
- * calls, segments refused (past both budgets, or by CUDA), host budget */
-void umprov_um_stats(long long out[9]) {
+/* bytes in live segments, their peak, segments allocated, failed advice calls, segments
+ * refused (past the host budget, or by CUDA), the host budget */
+void umprov_um_stats(long long out[6]) {
   pthread_mutex_lock(&um_lock);
-  long long s[9] = {um.budget, um.placed, um.spilled, um.peak_placed, um.peak_spilled,
-                    um.allocs, um.failures, um.refused, um.host_budget};
+  long long s[6] = {um.bytes, um.peak, um.allocs, um.failures, um.refused, um.host_budget};
   memcpy(out, s, sizeof s);
   pthread_mutex_unlock(&um_lock);
 }

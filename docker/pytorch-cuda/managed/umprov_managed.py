@@ -44,8 +44,8 @@ from typing import Any
 
 LIBRARY = Path(os.environ.get("UMPROV_MANAGED_LIBRARY",
                               str(Path(__file__).with_name("libumprov_managed.so"))))
-STATS = ("budget", "placed", "spilled", "peak_placed", "peak_spilled", "allocations",
-         "failed_advice", "refused", "host_budget")  # the library's counters, in its order
+STATS = ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
+         "host_budget")  # the library's counters, in its order
 MIN_RESERVOIR = 256 << 20  # smaller is not worth a reservoir (a host short of memory)
 SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or less apart
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -115,8 +115,8 @@ def _env_size(name: str, default: str) -> int:
 
 
 def _library() -> ctypes.CDLL:
-    """The segment library with a device budget of 0: every segment it makes is kept on the
-    host and mapped for the GPU."""
+    """The segment library: every segment it makes is kept on the host and mapped for the
+    GPU, within the host's available memory less UMPROV_MANAGED_HOST_RESERVE."""
     cudart = _cudart()
     version = ctypes.c_int()
     cudart.cudaRuntimeGetVersion(ctypes.byref(version))
@@ -125,14 +125,25 @@ def _library() -> ctypes.CDLL:
         return ctypes.cast(getattr(cudart, name), ctypes.c_void_p).value
 
     lib = ctypes.CDLL(str(LIBRARY))
-    lib.umprov_um_init.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_longlong] * 4
-    lib.umprov_um_on_device.argtypes = [ctypes.c_void_p]
+    declare(lib)
     host_reserve = _env_size("UMPROV_MANAGED_HOST_RESERVE", "2g")
     rc = lib.umprov_um_init(address("cudaMallocManaged"), address("cudaFree"),
-                            address("cudaMemGetInfo"), address("cudaMemAdvise"),
-                            address("cudaMemPrefetchAsync"), version.value, 0, 0, -1, host_reserve)
+                            address("cudaMemAdvise"), version.value, -1, host_reserve)
     if rc != 0:
         raise RuntimeError(f"{LIBRARY}: umprov_um_init failed ({rc})")
+    return lib
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The library's functions as C declares them (umprov_managed.c)."""
+    lib.umprov_um_init.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_longlong] * 2
+    lib.umprov_um_malloc.restype = ctypes.c_void_p
+    lib.umprov_um_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.umprov_um_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                   ctypes.c_void_p]
+    lib.umprov_um_owns.argtypes = [ctypes.c_void_p]
+    lib.umprov_um_owns.restype = ctypes.c_int
+    lib.umprov_um_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     return lib
 
 
@@ -332,13 +343,12 @@ def enabled() -> bool:
     return "allocator" in _state
 
 
-def on_device(where: Any) -> int:
-    """0: the tensor's memory (or the address) is in the reservoir, on the host; 1: managed
-    memory placed on the GPU (the library with a budget); -1: not managed memory (PyTorch's
-    device memory)."""
+def in_reservoir(where: Any) -> bool:
+    """Whether the tensor's memory (or the address) is in a reservoir, on the host; else it
+    is PyTorch's device memory (or not PyTorch's)."""
     lib = _state.get("library")
     address = where if isinstance(where, int) else where.data_ptr()
-    return -1 if lib is None else int(lib.umprov_um_on_device(address))
+    return lib is not None and bool(lib.umprov_um_owns(address))
 
 
 def copy_streams(device: int) -> tuple[Any, Any]:
@@ -383,13 +393,14 @@ def stats() -> dict[str, int]:
     out = (ctypes.c_longlong * len(STATS))()
     if lib is not None:
         lib.umprov_um_stats(out)
+    counts = dict(zip(STATS, out, strict=True))
     now = spilled()
     devices = list(_state.get("reservoirs", {}))
     allocated = sum(torch.cuda.memory_allocated(d) for d in devices)
     return {"placed": allocated - now, "spilled": now, "peak_spilled": _state.get("peak", 0),
             "reservoir": sum(_state.get("sizes", {}).values()),
-            "budget": _state.get("budget", -1), "host_budget": int(out[8]),
-            "refused": int(out[7]), "failed_advice": int(out[6])}
+            "budget": _state.get("budget", -1), "host_budget": counts["host_budget"],
+            "refused": counts["refused"], "failed_advice": counts["failed_advice"]}
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):

@@ -67,8 +67,8 @@ def install(library: Any) -> None:
     register_optimizer_step_post_hook(_after_step)
 
 
-def _on_device(tensor: torch.Tensor) -> int:
-    return int(_lib.umprov_um_on_device(tensor.data_ptr())) if _lib is not None else 1
+def _in_reservoir(tensor: torch.Tensor) -> bool:
+    return _lib is not None and bool(_lib.umprov_um_owns(tensor.data_ptr()))
 
 
 def _spilling() -> bool:
@@ -246,7 +246,7 @@ class HostStep:
                 if sent is not None:
                     master.grad = sent
                     continue
-                if _on_device(grad) == 0:
+                if _in_reservoir(grad):
                     master.grad = _host_view(grad)
                     continue
                 nbytes = grad.numel() * grad.element_size()
@@ -339,7 +339,7 @@ class GradsDown:
         grad, alias = p.grad, self.alias[p]
         if (grad is None or grad.data_ptr() == alias.data_ptr() or grad.is_sparse
                 or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()
-                or _on_device(grad) == 0):
+                or _in_reservoir(grad)):
             return  # in the view already, spilled (the step reads it there), or not plain
         stream = torch.cuda.current_stream(grad.device)
         if not self.streams:
