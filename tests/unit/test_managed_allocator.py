@@ -430,6 +430,9 @@ def test_the_default_reservoir_is_half_the_hosts_spare_memory_per_local_process(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("UMPROV_MANAGED_HOST_RESERVE", "1g")
     assert reservoir.managed._default_size(str(meminfo)) == 8 << 30
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    reservoir.state["sizes"] = {0: 31 << 30}  # a later device's: half of what the first left
+    assert reservoir.managed._default_size(str(meminfo)) == 33 << 29  # (65 - 1 - 31) / 2 GiB
 
 
 @pytest.mark.parametrize(("rank", "device"), [(None, 0), ("1", 1), ("5", 0), ("x", 0)])
@@ -516,16 +519,6 @@ def test_set_device_to_none_selected_makes_no_reservoir(reservoir):
     reservoir.managed._patch_set_device(reservoir.torch)
     reservoir.torch.cuda.set_device(-1)
     assert reservoir.log == [("set_device", -1)] and reservoir.state["reservoirs"] == {}
-
-
-def test_a_later_devices_default_reservoir_is_half_of_what_the_first_left(
-        reservoir, tmp_path, monkeypatch):
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemAvailable: 68157440 kB\n")  # 65 GiB
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    monkeypatch.delenv("UMPROV_MANAGED_HOST_RESERVE", raising=False)
-    reservoir.state["sizes"] = {0: 31 << 30}  # the first device's: (65 - 2 - 1) / 2 GiB
-    assert reservoir.managed._default_size(str(meminfo)) == 16 << 30  # (63 - 31) / 2
 
 
 def test_a_users_memory_fraction_is_of_device_memory_the_reservoir_added(reservoir, capsys):
