@@ -384,6 +384,7 @@ def reservoir(monkeypatch):
     state = {"allocator": SimpleNamespace(allocator=lambda: None), "budget": -1,
              "reservoir": 4 << 30, "reservoirs": {}, "sizes": {}, "peak": 0}
     monkeypatch.setattr(umprov_managed, "_state", state)
+    monkeypatch.setattr(umprov_managed, "_fractions", {})
     return SimpleNamespace(log=log, torch=fake, state=state, managed=umprov_managed)
 
 
@@ -481,30 +482,30 @@ def test_expandable_segments_are_off_while_the_reservoir_is_made_and_on_again(
         reservoir, monkeypatch):
     """PyTorch refuses expandable segments in a pool of its own allocator (the MemPool's
     TORCH_CHECK): the reservoir is made with them off; the device's own memory keeps them."""
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8, "
-                                                  "expandable_segments:True")
+    conf = "garbage_collection_threshold:0.8, expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     reservoir.managed._fill(reservoir.torch, 0)
-    log = reservoir.log
-    assert log[1] == ("settings", "expandable_segments:False")
-    assert log[-1] == ("settings", "expandable_segments:True")
+    log = reservoir.log  # torch's setter resets what it is not given: it is given all of it
+    assert log[1] == ("settings", "garbage_collection_threshold:0.8, expandable_segments:False")
+    assert log[-1] == ("settings", conf)
     assert [e for e in log[2:-1] if e[0] == "empty"] == log[2:-1]
     reservoir.torch.refuse_past = 1 << 30  # refused: the setting comes back all the same
     reservoir.state["reservoirs"].clear()
     with pytest.raises(RuntimeError, match="host refused"):
         reservoir.managed._fill(reservoir.torch, 0)
-    assert log[-1] == ("settings", "expandable_segments:True")
+    assert log[-1] == ("settings", conf)
 
 
-@pytest.mark.parametrize(("conf", "why"), [
-    ("backend:cudaMallocAsync", "PYTORCH_CUDA_ALLOC_CONF backend:cudaMallocAsync selects"),
-    ("expandable_segments:True,max_split_size_mb:512",
-     "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb:512 keeps PyTorch from splitting"),
-    ("expandable_segments:True", None), ("", None)])
-def test_allocator_settings_the_reservoir_cannot_run_with_are_named(monkeypatch, conf, why):
-    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
-    found = umprov_managed.ruled_out()
-    assert (found is None) if why is None else found.startswith(why)
+def test_a_fraction_the_job_set_before_a_device_had_a_reservoir_is_kept_of_device_memory(
+        reservoir):
+    reservoir.managed._fractions[1] = 0.25  # set for GPU 1 before set_device(1)
+    reservoir.managed._fill(reservoir.torch, 1)
+    fractions = [e for e in reservoir.log if e[0] == "fraction"]
+    size = reservoir.state["sizes"][1]
+    assert fractions == [("fraction", 1.0, 1), ("fraction", 0.25 + size / (80 << 30), 1)]
+    first = reservoir.log.index(("fraction", 1.0, 1))
+    assert first < reservoir.log.index(("empty", 4 << 30, True))  # lifted while it is made
 
 
 def test_a_budget_past_the_gpu_is_refused_before_a_reservoir_is_made(reservoir):
@@ -521,28 +522,13 @@ def test_set_device_to_none_selected_makes_no_reservoir(reservoir):
     assert reservoir.log == [("set_device", -1)] and reservoir.state["reservoirs"] == {}
 
 
-def test_a_users_memory_fraction_is_of_device_memory_the_reservoir_added(reservoir, capsys):
-    reservoir.managed._patch_memory_fraction(reservoir.torch)
-    reservoir.state["sizes"] = {0: 8 << 30}
-    reservoir.torch.cuda.set_per_process_memory_fraction(0.5)
-    assert reservoir.log[-2:] == [("init",), ("fraction", 0.5 + 8 / 80, None)]
-    reservoir.torch.cuda.set_per_process_memory_fraction(0.95, 0)  # past the GPU: capped
-    assert reservoir.log[-1] == ("fraction", 1.0, 0)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "device memory is capped at 73728 MiB" in err[0]
-    reservoir.state["sizes"] = {}
-    reservoir.torch.cuda.set_per_process_memory_fraction(0.3, 1)  # no reservoir there
-    assert reservoir.log[-1] == ("fraction", 0.3, 1)
-    reservoir.managed._patch_memory_fraction(reservoir.torch)  # patched once, not twice
-    inner = reservoir.torch.cuda.set_per_process_memory_fraction._umprov_inner
-    assert not hasattr(inner, "_umprov_inner")
-
-
 def torch_stub(initialized: bool, built: bool = True) -> SimpleNamespace:
     calls: list = []
+    fraction = {"set_per_process_memory_fraction": lambda f, d=None: None,
+                "get_per_process_memory_fraction": lambda d=None: 1.0}
     cuda = SimpleNamespace(is_initialized=lambda: initialized, set_device=lambda d: None,
-                           set_per_process_memory_fraction=lambda f, d=None: None,
-                           _lazy_call=calls.append)
+                           _lazy_call=calls.append, memory=SimpleNamespace(**fraction),
+                           **fraction)
     return SimpleNamespace(cuda=cuda, backends=SimpleNamespace(
         cuda=SimpleNamespace(is_built=lambda: built)), calls=calls)
 

@@ -80,7 +80,8 @@ def host_step(opt: torch.optim.Optimizer, fused: bool) -> step.HostStep:
     host.masters = {p: p.detach().clone() for g in opt.param_groups for p in g["params"]}
     host.versions = {}
     host.fused = fused
-    host.pins, host.uploaded = [], None
+    host.master_pins, host.slot_pins, host.uploaded = [], [], None
+    host.device = torch.device("cpu")
     return host
 
 
@@ -400,7 +401,7 @@ def hooks(monkeypatch):
         self.opt = opt
         self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
         self.masters, self.versions, self.fused, self.grads_down = {}, {}, False, None
-        self.pins, self.uploaded = [], None
+        self.master_pins, self.slot_pins, self.uploaded = [], [], None
 
     def host_step_cpu(self):
         switch.host_steps += 1
@@ -749,8 +750,11 @@ def test_host_memory_is_unlocked_when_a_host_step_is_left_or_its_slots_replaced(
     host._size_slots(params)  # big enough: kept
     assert {s.data_ptr() for s in host.slots} == first
     big = [torch.nn.Parameter(torch.empty(step.CHUNK // 4 + 1))]
-    host._size_slots(big)  # larger ones: the old ones unlocked
-    assert len(page_locks) == 1 + step.SLOTS and not first & set(page_locks)
+    host._masters_for(big)  # a parameter stepped for the first time: its master after the slots
+    masters = {m.untyped_storage().data_ptr() for m in host.masters.values()}
+    host._size_slots(big)  # larger slots: the old ones unlocked, every master kept
+    assert len(page_locks) == 2 + step.SLOTS and not first & set(page_locks)
+    assert masters <= set(page_locks)
     host.leave = step.HostStep.leave.__get__(host)
     host.state_to_device = lambda: None
     host.leave()
@@ -759,12 +763,12 @@ def test_host_memory_is_unlocked_when_a_host_step_is_left_or_its_slots_replaced(
 
 def test_host_memory_not_mapped_for_the_gpu_is_unlocked_at_once(page_locks):
     pins: list = []
-    flat = step._pinned(1024, torch.float32, pins=pins, mapped=True)
+    flat = step._pinned(1024, torch.float32, torch.device("cuda", 0), pins=pins, mapped=True)
     assert len(page_locks) == 1 and len(pins) == 1
     assert step._device_view(flat, torch.device("cuda", 0), pins) is None
     assert page_locks == {}
     owner = type("Owner", (), {})()
-    step._pinned(16, torch.float32, owner)
+    step._pinned(16, torch.float32, torch.device("cuda", 0), owner)
     assert len(page_locks) == 1
     del owner  # with its owner
     assert page_locks == {}

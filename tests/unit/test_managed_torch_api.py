@@ -1,7 +1,7 @@
 """The managed pool reaches only for what torch 2.9 has (docs/managed-memory.md: the versions
-it relies on): every ``torch.<attribute chain>`` and ``from torch.x import y`` in
-umprov_managed.py and umprov_managed_step.py must be in TORCH_2_9, the names checked against
-torch 2.9.0's own source. A new name in either module fails here until it is checked against
+it relies on): every ``torch.<attribute chain>`` and ``from torch.x import y`` in the modules of
+docker/pytorch-cuda/managed must be in TORCH_2_9, the names checked against torch 2.9.0's own
+source. A new name in any of them fails here until it is checked against
 2.9 and added; a name 2.9 lacks cannot be added honestly (the check below, against the wheel,
 fails for it).
 
@@ -28,7 +28,7 @@ import pytest
 from tests.conftest import REPO
 
 MANAGED = REPO / "docker" / "pytorch-cuda" / "managed"
-MODULES = [MANAGED / "umprov_managed.py", MANAGED / "umprov_managed_step.py"]
+MODULES = [MANAGED / f"umprov_managed{part}.py" for part in ("", "_conf", "_step")]
 
 # Every name below resolved in torch 2.9.0's wheel (torch/**/*.py, torch/_C/*.pyi) by
 # resolve_in(); checked 2026-12-05. Keep it to names that were checked that way.
@@ -67,6 +67,7 @@ TORCH_2_9 = frozenset({
     "torch.cuda.memory_allocated",
     "torch.cuda.set_device",
     "torch.cuda.set_per_process_memory_fraction",
+    "torch.cuda.get_per_process_memory_fraction",
     "torch._C._CudaDeviceProperties.total_memory",
     "torch.cuda.MemPool.snapshot",
     "torch.cuda.Stream.wait_event",
@@ -83,6 +84,7 @@ TORCH_2_9 = frozenset({
     "torch.cuda.memory.CUDAPluggableAllocator",
     "torch.cuda.memory.CUDAPluggableAllocator.allocator",
     "torch.cuda.stream",
+    "torch.cuda.synchronize",
     "torch.cuda.use_mem_pool",
     "torch.dtype",
     "torch.empty",

@@ -42,6 +42,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from umprov_managed_conf import (  # noqa: F401 - ruled_out: the verifier's check reads it here
+    expandable_off,
+    fraction_with,
+    patch_memory_fraction,
+    ruled_out,
+    torch_set_fraction,
+)
+
 LIBRARY = Path(os.environ.get("UMPROV_MANAGED_LIBRARY",
                               str(Path(__file__).with_name("libumprov_managed.so"))))
 STATS = ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
@@ -51,6 +59,7 @@ SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 _state: dict[str, Any] = {}  # library, allocator, reservoirs and their sizes by device
+_fractions: dict[int, float] = {}  # the job's own memory fractions, by device
 _lock = threading.RLock()
 
 
@@ -62,38 +71,6 @@ def size_of(text: str) -> int:
     if not math.isfinite(number) or number < 0:
         raise ValueError(text)
     return int(number * _UNITS[unit])
-
-
-def _alloc_conf() -> dict[str, tuple[str, str]]:
-    """PyTorch's allocator settings from the environment: key -> (value, the variable)."""
-    found: dict[str, tuple[str, str]] = {}
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        for item in os.environ.get(name, "").replace(" ", "").lower().split(","):
-            key, _, value = item.partition(":")
-            if key:
-                found.setdefault(key, (value, name))
-    return found
-
-
-def ruled_out() -> str | None:
-    """Why PyTorch's allocator settings rule the reservoir out, or None. cudaMallocAsync has
-    no memory pools of PyTorch's (and replacing it would trip torch's backend assertion);
-    with max_split_size_mb PyTorch never splits a block that large, and the reservoir is one
-    large block."""
-    conf = _alloc_conf()
-    value, name = conf.get("backend", ("", ""))
-    if value == "cudamallocasync":
-        return (f"{name} backend:cudaMallocAsync selects CUDA's own pool allocator, which "
-                "takes no memory pool: PyTorch runs on it, without managed memory")
-    value, name = conf.get("max_split_size_mb", ("", ""))
-    if value:
-        return (f"{name} max_split_size_mb:{value} keeps PyTorch from splitting the "
-                "reservoir's one large block: PyTorch runs without managed memory")
-    return None
-
-
-def _expandable() -> bool:
-    return _alloc_conf().get("expandable_segments", ("", ""))[0] == "true"
 
 
 @functools.cache
@@ -141,9 +118,11 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.umprov_um_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     lib.umprov_um_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
                                    ctypes.c_void_p]
+    lib.umprov_um_free.restype = None
     lib.umprov_um_owns.argtypes = [ctypes.c_void_p]
     lib.umprov_um_owns.restype = ctypes.c_int
     lib.umprov_um_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+    lib.umprov_um_stats.restype = None
     return lib
 
 
@@ -168,7 +147,8 @@ def enable(budget: int | None = None, reservoir: int | None = None) -> None:
         reservoir = _env_size("UMPROV_MANAGED_RESERVOIR", env_size)
     _state.update(budget=budget, reservoir=reservoir, reservoirs={}, sizes={}, peak=0)
     _patch_set_device(torch)
-    _patch_memory_fraction(torch)
+    patch_memory_fraction(torch, lambda device: _state.get("sizes", {}).get(device, 0),
+                          _fractions)
     if not torch.cuda.is_initialized():
         torch.cuda._lazy_call(lambda: _start_or_say(torch))
         return
@@ -238,6 +218,9 @@ def _fill(torch: Any, device: int) -> None:
                                "(UMPROV_MANAGED_RESERVOIR, or the host's available memory)")
         size += SMALL << 20
         fraction = _budget_fraction(torch, device, size)  # refused before anything is made
+        cap = torch_set_fraction(torch)
+        if device in _fractions:  # the job's own cap is of device memory: not the reservoir's
+            cap(1.0, device)
         with torch.cuda.device(device):
             pool = _pool_of(torch, size)
             # the host step's copy streams, made while the device has room: CUDA needs
@@ -246,7 +229,9 @@ def _fill(torch: Any, device: int) -> None:
         _state["reservoirs"][device] = pool
         _state["sizes"][device] = size
         if fraction is not None:
-            _set_fraction(torch)(fraction, device)
+            cap(fraction, device)
+        elif device in _fractions:
+            cap(fraction_with(torch, device, _fractions[device], size), device)
 
 
 def _pool_of(torch: Any, size: int) -> Any:
@@ -254,20 +239,14 @@ def _pool_of(torch: Any, size: int) -> Any:
     large one and SMALL of 1 MiB. Made with expandable segments off: PyTorch refuses them in
     a pool of its own allocator, and its out-of-memory path only takes free blocks there."""
     pool = torch.cuda.MemPool(_state["allocator"].allocator(), use_on_oom=True)
-    expandable = _expandable()
-    if expandable:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
     try:
-        with torch.cuda.use_mem_pool(pool):
+        with expandable_off(torch), torch.cuda.use_mem_pool(pool):
             held = [torch.empty(size - (SMALL << 20), dtype=torch.uint8, device="cuda")]
             held += [torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
                      for _ in range(SMALL)]
     except torch.OutOfMemoryError:
         raise RuntimeError(f"the host refused a reservoir of {(size >> 20) - SMALL} MiB "
                            "(UMPROV_MANAGED_RESERVOIR, UMPROV_MANAGED_HOST_RESERVE)") from None
-    finally:
-        if expandable:
-            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     del held
     return pool
 
@@ -286,38 +265,12 @@ def _budget_fraction(torch: Any, device: int, size: int) -> float | None:
     return fraction
 
 
-def _set_fraction(torch: Any) -> Any:
-    """torch's own set_per_process_memory_fraction, beneath the patch below."""
-    fn = torch.cuda.set_per_process_memory_fraction
-    return getattr(fn, "_umprov_inner", fn)
-
-
-def _patch_memory_fraction(torch: Any) -> None:
-    """A fraction the user sets means device memory: the reservoir, counted in by PyTorch
-    (every segment is), is added to it, so new device segments are not all refused."""
-    inner = _set_fraction(torch)
-
-    @functools.wraps(inner)
-    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
-        torch.cuda.init()  # the reservoir of the device is made at CUDA's start
-        index = torch.cuda._utils._get_device_index(device, optional=True)
-        size = _state.get("sizes", {}).get(index, 0)
-        total = torch.cuda.get_device_properties(index).total_memory
-        wanted = fraction + size / total
-        if size and wanted > 1:
-            print(f"umprov managed memory: a memory fraction of {fraction} and the "
-                  f"reservoir's {size >> 20} MiB pass GPU {index}'s memory: device memory "
-                  f"is capped at {(total - size) >> 20} MiB (UMPROV_MANAGED_RESERVOIR)",
-                  file=sys.stderr)
-        inner(min(wanted, 1.0) if size else fraction, device)
-
-    set_per_process_memory_fraction._umprov_inner = inner  # type: ignore[attr-defined]
-    torch.cuda.set_per_process_memory_fraction = set_per_process_memory_fraction
-
-
 def _patch_set_device(torch: Any) -> None:
-    """The device a script selects gets its reservoir then (DDP's set_device(local_rank))."""
+    """The device a script selects gets its reservoir then (DDP's set_device(local_rank)).
+    Once: a second call changes nothing."""
     select = torch.cuda.set_device
+    if hasattr(select, "_umprov_select"):
+        return
 
     @functools.wraps(select)
     def set_device(device: Any) -> None:
@@ -336,6 +289,7 @@ def _patch_set_device(torch: Any) -> None:
             except RuntimeError as exc:
                 print(f"umprov managed memory: not on GPU {index}: {exc}", file=sys.stderr)
 
+    set_device._umprov_select = select  # type: ignore[attr-defined]
     torch.cuda.set_device = set_device
 
 
@@ -409,16 +363,17 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
     (``importlib.util.find_spec("torch")``, as transformers does first) gets a spec whose
     module is never run."""
 
-    searching = False
+    searching: set[int] = set()  # threads in the lookup below, which comes back through here
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch" or self.searching:
+        thread = threading.get_ident()
+        if name != "torch" or thread in self.searching:
             return None
-        self.searching = True  # the lookup below comes back through here
+        self.searching.add(thread)
         try:
             spec = importlib.util.find_spec("torch")
         finally:
-            self.searching = False
+            self.searching.discard(thread)
         if spec is None or spec.loader is None:
             return spec
         run = spec.loader.exec_module

@@ -32,6 +32,7 @@ the GPU or on several GPUs, sparse gradients.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -141,7 +142,8 @@ class HostStep:
         self.masters: dict[torch.Tensor, torch.Tensor] = {}
         self.versions: dict[torch.Tensor, int] = {}
         self.slots: list[torch.Tensor] = []
-        self.pins: list[weakref.finalize] = []  # the masters' and the slots' page locks
+        self.master_pins: list[weakref.finalize] = []  # page locks, undone by calling
+        self.slot_pins: list[weakref.finalize] = []
         self.device = next(p.device for g in opt.param_groups for p in g["params"])
         self.down, self.up = _managed().copy_streams(self.device.index)
         self.uploaded: torch.cuda.Event | None = None
@@ -157,7 +159,7 @@ class HostStep:
         self.state_to_device()
         if self.uploaded is not None:
             self.uploaded.synchronize()
-        for unpin in self.pins:
+        for unpin in self.master_pins + self.slot_pins:
             unpin()
 
     def step(self) -> None:
@@ -195,7 +197,8 @@ class HostStep:
         new = [p for p in params if p not in self.masters]
         for dtype in {p.dtype for p in new}:
             mine = [p for p in new if p.dtype == dtype]
-            flat = _pinned(sum(p.numel() for p in mine), dtype, self, self.pins)
+            flat = _pinned(sum(p.numel() for p in mine), dtype, self.device, self,
+                           self.master_pins)
             at = 0
             for p in mine:
                 self.masters[p] = flat[at:at + p.numel()].view_as(p)
@@ -230,10 +233,11 @@ class HostStep:
             return
         need = max([CHUNK] + [_nbytes(p) for p in params])
         if not self.slots or self.slots[0].numel() < need:  # the old ones are idle: unlocked
-            for unpin in self.pins[len(self.pins) - len(self.slots):]:
+            for unpin in self.slot_pins:
                 unpin()
-            del self.pins[len(self.pins) - len(self.slots):]
-            self.slots = [_pinned(need, torch.uint8, self, self.pins) for _ in range(SLOTS)]
+            self.slot_pins = []
+            self.slots = [_pinned(need, torch.uint8, self.device, self, self.slot_pins)
+                          for _ in range(SLOTS)]
 
     def _down(self, chunk: list[torch.Tensor], slot: int) -> torch.cuda.Event:
         """The chunk's gradients to the host: read in place where they spilled (the
@@ -311,7 +315,8 @@ class GradsDown:
         for dtype in {p.dtype for p in params}:
             mine = [p for p in params if p.dtype == dtype]
             pins: list[weakref.finalize] = []
-            flat = _pinned(sum(p.numel() for p in mine), dtype, pins=pins, mapped=True)
+            flat = _pinned(sum(p.numel() for p in mine), dtype, mine[0].device, pins=pins,
+                           mapped=True)
             device_flat = _device_view(flat, mine[0].device, pins)
             if device_flat is None:
                 return None
@@ -399,7 +404,7 @@ def _device_view(flat: torch.Tensor, device: torch.device,
     nbytes = flat.numel() * flat.element_size()
     mapped = _Mapped(int(pointer.value or 0), nbytes, flat)
     pins[0].detach()
-    weakref.finalize(mapped, _unpin, flat)
+    weakref.finalize(mapped, _unpin, flat, device)
     return torch.as_tensor(mapped, device=device).view(flat.dtype)
 
 
@@ -434,24 +439,30 @@ def _host_view(tensor: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=tensor.dtype).view_as(tensor)
 
 
-def _pinned(numel: int, dtype: torch.dtype, owner: Any = None, pins: list | None = None,
-            mapped: bool = False) -> torch.Tensor:
-    """Host memory of exactly this size, page-locked for the copy engines (PyTorch's pinned
-    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner or
-    by the finalizer appended to ``pins``; ``mapped``: kernels can address it too
+def _pinned(numel: int, dtype: torch.dtype, device: torch.device, owner: Any = None,
+            pins: list | None = None, mapped: bool = False) -> torch.Tensor:
+    """Host memory of exactly this size, page-locked for ``device``'s copy engines (PyTorch's
+    pinned allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its
+    owner or by the finalizer appended to ``pins``; ``mapped``: kernels can address it too
     (cudaHostRegisterMapped), unlocked with its device view (``_device_view``)."""
     flat = torch.empty(numel, dtype=dtype)
     nbytes = flat.numel() * flat.element_size()
     flags = 2 if mapped else 0
     if nbytes and _cudart().cudaHostRegister(ctypes.c_void_p(flat.data_ptr()),
                                              ctypes.c_size_t(nbytes), flags) == 0:
-        unpin = weakref.finalize(flat if owner is None else owner, _unpin, flat)
+        unpin = weakref.finalize(flat if owner is None else owner, _unpin, flat, device)
         if pins is not None:
             pins.append(unpin)
     return flat
 
 
-def _unpin(flat: torch.Tensor) -> None:
+def _unpin(flat: torch.Tensor, device: torch.device) -> None:
+    """Unlocked once ``device`` is done with it: its owner may go with copies or kernels over
+    it still queued (an optimizer dropped after its step, gradients read after the host step
+    was left)."""
+    if torch.cuda.is_initialized():
+        with contextlib.suppress(RuntimeError):  # CUDA torn down already (the process's exit)
+            torch.cuda.synchronize(device)
     _cudart().cudaHostUnregister(ctypes.c_void_p(flat.data_ptr()))
 
 
