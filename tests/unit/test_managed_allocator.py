@@ -385,7 +385,17 @@ def reservoir(monkeypatch):
              "reservoir": 4 << 30, "reservoirs": {}, "sizes": {}, "peak": 0}
     monkeypatch.setattr(umprov_managed, "_state", state)
     monkeypatch.setattr(umprov_managed, "_fractions", {})
-    return SimpleNamespace(log=log, torch=fake, state=state, managed=umprov_managed)
+    attributes: dict = {"rc": 0, "concurrent": 1, "asked": []}
+
+    def get_attribute(out, attribute, device) -> int:  # noqa: ANN001 - ctypes values
+        attributes["asked"].append((attribute, device))
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = attributes["concurrent"]
+        return attributes["rc"]
+
+    monkeypatch.setattr(umprov_managed, "_cudart", lambda: SimpleNamespace(
+        cudaDeviceGetAttribute=get_attribute))
+    return SimpleNamespace(log=log, torch=fake, state=state, managed=umprov_managed,
+                           attributes=attributes)
 
 
 def test_a_reservoir_is_one_large_free_block_and_small_ones_of_a_use_on_oom_pool(reservoir):
@@ -506,6 +516,17 @@ def test_a_fraction_the_job_set_before_a_device_had_a_reservoir_is_kept_of_devic
     assert fractions == [("fraction", 1.0, 1), ("fraction", 0.25 + size / (80 << 30), 1)]
     first = reservoir.log.index(("fraction", 1.0, 1))
     assert first < reservoir.log.index(("empty", 4 << 30, True))  # lifted while it is made
+
+
+@pytest.mark.parametrize(("rc", "concurrent", "seen"), [(0, 0, ": 0;"), (101, 1, "error 101")])
+def test_a_gpu_without_concurrent_managed_access_gets_no_reservoir(reservoir, rc, concurrent,
+                                                                   seen):
+    """There CUDA would move the reservoir to the GPU whole, at every launch."""
+    reservoir.attributes.update(rc=rc, concurrent=concurrent)
+    with pytest.raises(RuntimeError, match=f"GPU 1 has no concurrent managed access.*{seen}"):
+        reservoir.managed._fill(reservoir.torch, 1)
+    assert reservoir.attributes["asked"] == [(89, 1)]
+    assert reservoir.log == [] and reservoir.state["reservoirs"] == {}
 
 
 def test_a_budget_past_the_gpu_is_refused_before_a_reservoir_is_made(reservoir):

@@ -56,6 +56,7 @@ STATS = ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
          "host_budget")  # the library's counters, in its order
 MIN_RESERVOIR = 256 << 20  # smaller is not worth a reservoir (a host short of memory)
 SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or less apart
+CONCURRENT_MANAGED_ACCESS = 89  # cudaDevAttrConcurrentManagedAccess
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 _state: dict[str, Any] = {}  # library, allocator, reservoirs and their sizes by device
@@ -217,7 +218,8 @@ def _fill(torch: Any, device: int) -> None:
             raise RuntimeError(f"a reservoir of {size >> 20} MiB is too small to be of use "
                                "(UMPROV_MANAGED_RESERVOIR, or the host's available memory)")
         size += SMALL << 20
-        fraction = _budget_fraction(torch, device, size)  # refused before anything is made
+        _check_concurrent_access(device)  # these refuse before anything is made
+        fraction = _budget_fraction(torch, device, size)
         cap = torch_set_fraction(torch)
         if device in _fractions:  # the job's own cap is of device memory: not the reservoir's
             cap(1.0, device)
@@ -232,6 +234,21 @@ def _fill(torch: Any, device: int) -> None:
             cap(fraction, device)
         elif device in _fractions:
             cap(fraction_with(torch, device, _fractions[device], size), device)
+
+
+def _check_concurrent_access(device: int) -> None:
+    """The GPU reads host-preferred managed memory where it lies only with concurrent managed
+    access; without it (WSL, a vGPU without unified memory, GPUs before Pascal) CUDA moves
+    every managed allocation to the GPU whole at each launch."""
+    value = ctypes.c_int()
+    rc = _cudart().cudaDeviceGetAttribute(ctypes.byref(value), CONCURRENT_MANAGED_ACCESS,
+                                          device)
+    if rc != 0 or value.value != 1:
+        seen = f"error {rc}" if rc else "0"
+        raise RuntimeError(f"GPU {device} has no concurrent managed access "
+                           f"(cudaDevAttrConcurrentManagedAccess: {seen}; WSL, a vGPU without "
+                           "unified memory, or a GPU before Pascal): CUDA would move the "
+                           "reservoir to the GPU whole")
 
 
 def _pool_of(torch: Any, size: int) -> Any:
