@@ -68,10 +68,10 @@ def size_of(text: str) -> int:
     """'2g', '512m', '1073741824' as bytes; ValueError otherwise."""
     text = text.strip().lower().rstrip("ib").rstrip("b")
     unit = text[-1:] if text[-1:] in _UNITS else ""
-    number = float(text[: len(text) - len(unit)])
+    number = float(text[: len(text) - len(unit)]) * _UNITS[unit]
     if not math.isfinite(number) or number < 0:
         raise ValueError(text)
-    return int(number * _UNITS[unit])
+    return int(number)
 
 
 @functools.cache
@@ -88,7 +88,7 @@ def _env_size(name: str, default: str) -> int:
     value = os.environ.get(name, "") or default
     try:
         return size_of(value)
-    except (ValueError, OverflowError):
+    except ValueError:
         raise RuntimeError(f"{name}={value!r} is not a size (bytes, or with k/m/g)") from None
 
 

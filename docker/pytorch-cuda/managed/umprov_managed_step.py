@@ -69,7 +69,7 @@ def install(library: Any) -> None:
 
 
 def _in_reservoir(tensor: torch.Tensor) -> bool:
-    return _lib is not None and bool(_lib.umprov_um_owns(tensor.data_ptr()))
+    return _managed().in_reservoir(tensor)
 
 
 def _spilling() -> bool:
