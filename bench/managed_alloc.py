@@ -42,10 +42,10 @@ NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 GIB = 1 << 30
 
 
-def build(out: Path) -> Path:
+def build(out: Path, source: Path = SOURCE) -> Path:
     library = out / "libumprov_managed.so"
     subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", str(library),
-                    str(SOURCE / "umprov_managed.c"), "-lpthread"], check=True)
+                    str(source / "umprov_managed.c"), "-lpthread"], check=True)
     return library
 
 

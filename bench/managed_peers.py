@@ -57,7 +57,7 @@ time.sleep(3600)
 def child(run: dict) -> dict:
     managed = run["how"].startswith("pool")
     if managed:
-        sys.path.insert(0, str(MANAGED))
+        sys.path.insert(0, os.environ.get("UMPROV_BENCH_MANAGED", str(MANAGED)))
         import umprov_managed
 
         umprov_managed.after_torch_import()
@@ -256,6 +256,9 @@ def main() -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--managed", type=Path, default=MANAGED,
+                    help="the managed modules and library to measure (another checkout's "
+                         "docker/pytorch-cuda/managed: a change against its parent, one lease)")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
@@ -273,7 +276,8 @@ def main() -> int:
         if neighbour.stdout is None or neighbour.stdout.readline().strip() != "ready":
             raise SystemExit("the neighbour process did not start")
         with tempfile.TemporaryDirectory() as tmp:
-            library = build(Path(tmp))
+            os.environ["UMPROV_BENCH_MANAGED"] = str(args.managed.resolve())
+            library = build(Path(tmp), args.managed)
             for run in plan(args):
                 results.append(run_child(library, args.timeout, args.left_gib, **run))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "losses"}),
@@ -284,7 +288,8 @@ def main() -> int:
     lines = table(results, rate)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "managed_peers.json").write_text(json.dumps(
-        {"pinned_h2d_gbs": rate, "left_gib": args.left_gib, "results": results,
+        {"pinned_h2d_gbs": rate, "left_gib": args.left_gib, "managed": str(args.managed),
+         "results": results,
          "table": lines}, indent=2))
     print("\n".join(lines))
     return 0
