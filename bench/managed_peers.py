@@ -13,7 +13,7 @@ wrapping:
 - pool_gpu_step: the same with ``UMPROV_MANAGED_HOST_STEP=0``: the pool before the host step
   (the issue's baseline: the GPU's kernels over spilled state);
 - pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down into
-  their homes in the reservoir during backward;
+  pinned host memory during backward;
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 

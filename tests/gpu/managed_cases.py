@@ -90,7 +90,7 @@ def case_train(optim: str) -> dict:
 
 
 def grads_down(m: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
-    """Whether one more backward leaves every gradient at its home in the reservoir."""
+    """Whether one more backward leaves every gradient in the host step's pinned memory."""
     host = opt.__dict__.get("_umprov_host")
     if host is None or host.grads_down is None:
         return False
@@ -98,48 +98,6 @@ def grads_down(m: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
     torch.nn.functional.mse_loss(m(x), y).backward()
     torch.cuda.synchronize()
     return all(host.grads_down.host_of(p) is not None for p in m.parameters())
-
-
-def case_homes() -> dict:
-    """Gradients down (UMPROV_MANAGED_GRADS_DOWN=1) past a budget: the first step's
-    gradients spill; the homes made at the next backward take their blocks (so their host
-    pages), and no new reservoir segment. Gradients of 64 MiB, at most one more copying
-    down (LAG), so that from the second step on each fits in the device memory it frees."""
-    import umprov_managed_step
-
-    umprov_managed_step.LAG = 64 << 20
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).to(DEV)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    x = torch.randn(256, 4096, device=DEV)
-    m(x).square().mean().backward()
-    spans = [(p.grad.data_ptr(), p.grad.data_ptr() + p.grad.nbytes) for p in m.parameters()
-             if umprov_managed.in_reservoir(p.grad)]
-    segments = reservoir_segments()
-    losses = []
-    for _ in range(4):
-        opt.step()
-        opt.zero_grad()
-        loss = m(x).square().mean()
-        loss.backward()
-        losses.append(float(loss))
-    host = opt.__dict__.get("_umprov_host")
-    homes = host.grads_down.homes if host is not None and host.grads_down else {}
-    start = min((h.data_ptr() for h in homes.values()), default=0)
-    return {"losses": losses, "spilled_first": len(spans), "homes": len(homes),
-            "home_in_first_spans": any(a <= start < b for a, b in spans),
-            "same_segments": reservoir_segments() == segments,
-            "grads_down": grads_down_now(m, homes)}
-
-
-def reservoir_segments() -> int:
-    pool = umprov_managed.reservoir(torch.cuda.current_device())
-    return len(pool.snapshot()) if pool is not None else 0
-
-
-def grads_down_now(m: torch.nn.Module, homes: dict) -> bool:
-    return bool(homes) and all(p.grad is not None and p.grad.data_ptr() == homes[p].data_ptr()
-                               for p in m.parameters())
 
 
 def case_resume(path: str) -> dict:

@@ -127,14 +127,3 @@ def test_gradscalers_step_stays_the_devices_and_trains_as_written(library):
     pool, _ = run(library, "scaler")
     assert pool["enabled"] and not pool["host_step"]
     assert close(pool["losses"], base["losses"]), (pool["losses"], base["losses"])
-
-
-def test_gradients_down_take_the_first_steps_spilled_blocks(library):
-    """Homes in the reservoir, made after the first step's spilled gradients are freed: the
-    same blocks and host pages (a new block would add host memory beside them)."""
-    base, _ = run(library, "homes", pool=False)
-    facts, err = run(library, "homes", host_step="auto", UMPROV_MANAGED_GRADS_DOWN="1",
-                     UMPROV_MANAGED_BUDGET="460m", UMPROV_MANAGED_RESERVOIR="2g")
-    assert facts["spilled_first"] > 0 and facts["homes"] == 8, (facts, err[-2000:])
-    assert facts["home_in_first_spans"] and facts["same_segments"] and facts["grads_down"]
-    assert close(facts["losses"], base["losses"]), (facts["losses"], base["losses"])

@@ -373,7 +373,6 @@ def reservoir(monkeypatch):
 
     cuda = SimpleNamespace(
         device=device, MemPool=Pool, Stream=lambda: "stream", use_mem_pool=use_mem_pool,
-        current_stream=lambda: "current stream",
         device_count=lambda: 2, current_device=lambda: 0, init=lambda: log.append(("init",)),
         set_device=lambda d: log.append(("set_device", d)),
         get_device_properties=lambda d: SimpleNamespace(total_memory=80 << 30),

@@ -593,8 +593,8 @@ def test_a_host_view_is_the_same_memory():
     assert t[1, 2] == 42.0
 
 
-# gradients down during backward (GradsDown), on CPU: a home in the reservoir is a CPU tensor
-# (as host memory the GPU addresses is, to kernels); streams stood in for
+# gradients down during backward (GradsDown), on CPU: the "mapped" view is the host tensor
+# itself, as kernels see pinned mapped memory; streams stood in for
 
 
 class FakeStream:
@@ -638,38 +638,9 @@ def cpu_streams(monkeypatch):
     return SimpleNamespace(log=log, down=FakeStream("down", log))
 
 
-def grads_down(params: list[torch.Tensor], down: FakeStream,
-               made: list | None = None) -> step.GradsDown:
-    """GradsDown whose reservoir is host memory; ``made``: each block asked of it."""
-    def place(numel: int, dtype: torch.dtype, device: int | None) -> torch.Tensor:
-        if made is not None:
-            made.append((numel, dtype))
-        return torch.zeros(numel, dtype=dtype)
-
-    return step.GradsDown(params, down, place)
-
-
-def test_homes_are_made_at_the_first_gradient_one_block_a_dtype(cpu_streams):
-    """Not when attached (at the first step, whose spilled gradients still hold the
-    reservoir): at the next backward, once they are freed."""
-    made: list = []
-    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2)),
-              torch.nn.Parameter(torch.ones(2, dtype=torch.float64))]
-    down = grads_down(params, cpu_streams.down, made)
-    assert made == [] and down.homes == {}
-    sum(p.sum() for p in params).backward()
-    assert sorted(made, key=str) == sorted([(5, torch.float32), (2, torch.float64)], key=str)
-    assert all(p.grad.data_ptr() == down.homes[p].data_ptr() for p in params)
-    sum(p.sum() for p in params).backward()
-    assert len(made) == 2  # made once
-
-
-def test_a_reservoir_without_room_leaves_gradients_where_backward_puts_them(cpu_streams):
-    p = torch.nn.Parameter(torch.ones(4))
-    down = step.GradsDown([p], cpu_streams.down, lambda numel, dtype, device: None)
-    p.sum().backward()
-    assert down.handles == [] and down.host_of(p) is None
-    assert torch.equal(p.grad, torch.ones(4)) and not cpu_streams.log
+def grads_down(params: list[torch.Tensor], down: FakeStream) -> step.GradsDown:
+    host = {p: torch.zeros_like(p) for p in params}
+    return step.GradsDown(params, down, host, dict(host))  # the view: the same memory
 
 
 def test_a_gradient_goes_down_as_backward_makes_it_and_grad_becomes_the_host_view(cpu_streams):
@@ -761,7 +732,8 @@ def page_locks(monkeypatch):
         assert locked.pop(pointer.value, None) is not None, "unlocked twice, or never locked"
         return 0
 
-    runtime = SimpleNamespace(cudaHostRegister=register, cudaHostUnregister=unregister)
+    runtime = SimpleNamespace(cudaHostRegister=register, cudaHostUnregister=unregister,
+                              cudaHostGetDevicePointer=lambda *a: 1)  # not mapped: an error
     monkeypatch.setattr(step, "_cudart", lambda: runtime)
     return locked
 
@@ -789,7 +761,12 @@ def test_host_memory_is_unlocked_when_a_host_step_is_left_or_its_slots_replaced(
     assert page_locks == {}
 
 
-def test_host_memory_locked_for_an_owner_is_unlocked_with_it(page_locks):
+def test_host_memory_not_mapped_for_the_gpu_is_unlocked_at_once(page_locks):
+    pins: list = []
+    flat = step._pinned(1024, torch.float32, torch.device("cuda", 0), pins=pins, mapped=True)
+    assert len(page_locks) == 1 and len(pins) == 1
+    assert step._device_view(flat, torch.device("cuda", 0), pins) is None
+    assert page_locks == {}
     owner = type("Owner", (), {})()
     step._pinned(16, torch.float32, torch.device("cuda", 0), owner)
     assert len(page_locks) == 1

@@ -88,6 +88,7 @@ TORCH_2_9 = frozenset({
     "torch.cuda.use_mem_pool",
     "torch.dtype",
     "torch.empty",
+    "torch.as_tensor",
     "torch.device",
     "torch.float32",
     "torch.frombuffer",
@@ -441,7 +442,7 @@ def resolve_in(wheel: Wheel, name: str) -> bool:
 # torch/__init__.py binds every public function of torch._C._VariableFunctions in a loop
 # (for __name in dir(_C._VariableFunctions): globals()[__name] = ...); resolve_in checks the
 # loop is there before it counts on it.
-PUBLIC_OPS_LOOP = {"empty", "frombuffer"}
+PUBLIC_OPS_LOOP = {"empty", "frombuffer", "as_tensor"}
 
 
 # Class attributes that hold an instance: their methods are looked up on its class

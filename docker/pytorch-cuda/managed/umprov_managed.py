@@ -228,7 +228,6 @@ def _fill(torch: Any, device: int) -> None:
             # the host step's copy streams, made while the device has room: CUDA needs
             # device memory for a stream, and PyTorch may have taken it all by the step
             _state.setdefault("streams", {})[device] = (torch.cuda.Stream(), torch.cuda.Stream())
-            _state.setdefault("made_on", {})[device] = torch.cuda.current_stream()
         _state["reservoirs"][device] = pool
         _state["sizes"][device] = size
         if fraction is not None:
@@ -335,26 +334,6 @@ def copy_streams(device: int) -> tuple[Any, Any]:
 def reservoir(device: int) -> Any:
     """``device``'s reservoir (a torch.cuda.MemPool), or None."""
     return _state.get("reservoirs", {}).get(device)
-
-
-def place(numel: int, dtype: Any, device: int) -> Any:
-    """A new CUDA tensor in ``device``'s reservoir (host memory the GPU addresses), taken from
-    a free block on the stream they were made on, never a new segment (the reservoir's size
-    is what was asked for); None where the device has no reservoir or no block as large."""
-    import torch
-
-    pool = reservoir(device)
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    if pool is None or nbytes > max((block["size"] for segment in pool.snapshot()
-                                     for block in segment["blocks"]
-                                     if block["state"] == "inactive"), default=0):
-        return None
-    with (torch.cuda.device(device), torch.cuda.stream(_state["made_on"][device]),
-          expandable_off(torch), torch.cuda.use_mem_pool(pool)):
-        try:
-            return torch.empty(numel, dtype=dtype, device="cuda")
-        except torch.OutOfMemoryError:
-            return None
 
 
 def spilled() -> int:

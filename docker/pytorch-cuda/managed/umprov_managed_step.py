@@ -7,10 +7,12 @@ state (Adam's two moments: twice the model). A GPU step over spilled state reads
 across PCIe several times a step. Here, an optimizer of a kind that updates each parameter on
 its own steps on the host instead: its state lives in host memory, each parameter has a pinned
 host copy (its master), gradients come down once and parameters go up once a step, chunk by
-chunk, so the copies overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1, each gradient
-backward made in device memory goes down while backward still runs (``GradsDown``): copied to
-its home in the reservoir, its device memory freed soon after, ``.grad`` the home, so code
-between backward and step (``clip_grad_norm_``) still reads and scales it in place.
+chunk, so the copies overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not the default: a
+little faster, but a quarter more host memory in the bench, docs/managed-memory.md), each
+gradient backward made in device memory goes down while backward still runs (``GradsDown``):
+copied into pinned host memory, its device memory freed soon after, ``.grad`` a CUDA view of
+that host memory, so code between backward and step (``clip_grad_norm_``) still reads and
+scales it in place.
 
 The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
 class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
@@ -221,7 +223,7 @@ class HostStep:
                         state[key] = value.to(p.device)
 
     def _host_grad(self, p: torch.Tensor) -> torch.Tensor | None:
-        """The gradient where backward already sent it (its home's CPU view), if it did."""
+        """The gradient where backward already sent it (pinned host memory), if it did."""
         return None if self.grads_down is None else self.grads_down.host_of(p)
 
     def _size_slots(self, params: list[torch.Tensor]) -> None:
@@ -289,34 +291,45 @@ class HostStep:
 
 
 class GradsDown:
-    """Gradients down while backward runs, as torchao's offload and ZeRO-Offload move them:
-    each gradient backward made in device memory is copied to its home in the reservoir (host
-    memory the GPU addresses), its device memory given back, and ``.grad`` is the home, so
-    code between backward and step reads and scales it in place. The homes are made at the
-    first gradient after the step that attached them: by then that step's spilled gradients
-    are freed, and the homes take their blocks, and so their host pages."""
+    """Gradients to pinned host memory while backward runs, as torchao's offload and
+    ZeRO-Offload move them, with ``.grad`` kept: a CUDA view of the same host memory."""
 
     def __init__(self, params: list[torch.Tensor], down: torch.cuda.Stream,
-                 place: Any = None) -> None:
-        self.params, self.down = params, down
-        self.place = place or _managed().place  # (numel, dtype, device index) -> tensor
-        self.homes: dict[torch.Tensor, torch.Tensor] = {}  # param -> its gradient's home
-        self.host: dict[torch.Tensor, torch.Tensor] = {}  # the home's CPU view
+                 host: dict[torch.Tensor, torch.Tensor],
+                 alias: dict[torch.Tensor, torch.Tensor]) -> None:
+        self.down = down
+        self.host, self.alias = host, alias  # param -> pinned CPU tensor, its CUDA view
         self.streams: set = set()  # the streams backward accumulated on, this pass
         self.copying: deque = deque()  # (device gradient, its stream, copied event)
         self.copying_bytes = 0
         self.handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
 
     @classmethod
-    def attach(cls, opt: torch.optim.Optimizer, down: torch.cuda.Stream) -> GradsDown:
+    def attach(cls, opt: torch.optim.Optimizer, down: torch.cuda.Stream) -> GradsDown | None:
+        """Pinned, mapped host memory for every gradient (one block a dtype), and the
+        hooks; None where the memory cannot be pinned and mapped (the step copies then)."""
         params = [p for g in opt.param_groups for p in g["params"]
                   if p.requires_grad and p.is_leaf and p.device.type == "cuda"]
-        return cls(params, down)
+        host: dict[torch.Tensor, torch.Tensor] = {}
+        alias: dict[torch.Tensor, torch.Tensor] = {}
+        for dtype in {p.dtype for p in params}:
+            mine = [p for p in params if p.dtype == dtype]
+            pins: list[weakref.finalize] = []
+            flat = _pinned(sum(p.numel() for p in mine), dtype, mine[0].device, pins=pins,
+                           mapped=True)
+            device_flat = _device_view(flat, mine[0].device, pins)
+            if device_flat is None:
+                return None
+            at = 0
+            for p in mine:
+                host[p] = flat[at:at + p.numel()].view_as(p)
+                alias[p] = device_flat[at:at + p.numel()].view_as(p)
+                at += p.numel()
+        return cls(params, down, host, alias)
 
     def host_of(self, p: torch.Tensor) -> torch.Tensor | None:
-        """The gradient's CPU view where ``.grad`` is its home, else None."""
-        grad, home = p.grad, self.homes.get(p)
-        if grad is None or home is None or grad.data_ptr() != home.data_ptr():
+        grad, alias = p.grad, self.alias.get(p)
+        if grad is None or alias is None or grad.data_ptr() != alias.data_ptr():
             return None
         return self.host[p]
 
@@ -325,47 +338,26 @@ class GradsDown:
             handle.remove()
         self.handles = []
 
-    def _make_homes(self) -> bool:
-        """One block a dtype in the reservoir; False (and backward's hooks gone) where it
-        has no room: gradients then stay where backward puts them."""
-        for dtype in {p.dtype for p in self.params}:
-            mine = [p for p in self.params if p.dtype == dtype]
-            flat = self.place(sum(p.numel() for p in mine), dtype, mine[0].device.index)
-            if flat is None:
-                self.detach()
-                self.homes, self.host = {}, {}
-                return False
-            host = _host_view(flat)
-            at = 0
-            for p in mine:
-                self.homes[p] = flat[at:at + p.numel()].view_as(p)
-                self.host[p] = host[at:at + p.numel()].view_as(p)
-                at += p.numel()
-        return True
-
     def _arrived(self, p: torch.Tensor) -> None:
         """After backward accumulated ``p.grad``: it goes down behind the kernels that made
-        it, its device memory is given back once copied, ``.grad`` is its home."""
-        grad, home = p.grad, self.homes.get(p)
-        if (grad is None or (home is not None and grad.data_ptr() == home.data_ptr())
-                or grad.is_sparse or grad.dtype != p.dtype or grad.shape != p.shape
-                or not grad.is_contiguous() or _in_reservoir(grad)):
-            return  # at home already (or spilled: the step reads it there), or not plain
-        if not self.homes and not self._make_homes():
-            return
-        home = self.homes[p]
+        it, its device memory is given back once copied, ``.grad`` is the host view."""
+        grad, alias = p.grad, self.alias[p]
+        if (grad is None or grad.data_ptr() == alias.data_ptr() or grad.is_sparse
+                or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()
+                or _in_reservoir(grad)):
+            return  # in the view already, spilled (the step reads it there), or not plain
         stream = torch.cuda.current_stream(grad.device)
         if not self.streams:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         self.streams.add(stream)
         self.down.wait_stream(stream)
         with torch.cuda.stream(self.down):
-            home.copy_(grad, non_blocking=True)
+            self.host[p].copy_(grad, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record(self.down)
         self.copying.append((grad, stream, copied))
         self.copying_bytes += grad.numel() * grad.element_size()
-        p.grad = home
+        p.grad = alias
         while self.copying_bytes > LAG:
             self._release_oldest()
 
@@ -384,6 +376,36 @@ class GradsDown:
         self.copying.clear()
         self.copying_bytes = 0
         self.streams = set()
+
+
+class _Mapped:
+    """Pinned host memory as a CUDA array (``__cuda_array_interface__``) for torch.as_tensor;
+    it holds the host tensor while a view of it lives."""
+
+    def __init__(self, pointer: int, nbytes: int, host: torch.Tensor) -> None:
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (pointer, False), "version": 3}
+
+
+def _device_view(flat: torch.Tensor, device: torch.device,
+                 pins: list[weakref.finalize]) -> torch.Tensor | None:
+    """A CUDA tensor over the pinned host memory of ``flat`` (kernels read it across the
+    bus), or None where it is not mapped. ``pins``: ``flat``'s page lock, moved onto the
+    view's memory (kept locked while any view lives), or released at once with None."""
+    if not flat.numel():
+        return torch.empty(0, dtype=flat.dtype, device=device)
+    pointer = ctypes.c_void_p()
+    if not pins or _cudart().cudaHostGetDevicePointer(
+            ctypes.byref(pointer), ctypes.c_void_p(flat.data_ptr()), 0) != 0:
+        for unpin in pins:
+            unpin()
+        return None
+    nbytes = flat.numel() * flat.element_size()
+    mapped = _Mapped(int(pointer.value or 0), nbytes, flat)
+    pins[0].detach()
+    weakref.finalize(mapped, _unpin, flat, device)
+    return torch.as_tensor(mapped, device=device).view(flat.dtype)
 
 
 def _grads_down_wanted() -> bool:
@@ -418,14 +440,16 @@ def _host_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _pinned(numel: int, dtype: torch.dtype, device: torch.device, owner: Any = None,
-            pins: list | None = None) -> torch.Tensor:
+            pins: list | None = None, mapped: bool = False) -> torch.Tensor:
     """Host memory of exactly this size, page-locked for ``device``'s copy engines (PyTorch's
     pinned allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its
-    owner or by the finalizer appended to ``pins``."""
+    owner or by the finalizer appended to ``pins``; ``mapped``: kernels can address it too
+    (cudaHostRegisterMapped), unlocked with its device view (``_device_view``)."""
     flat = torch.empty(numel, dtype=dtype)
     nbytes = flat.numel() * flat.element_size()
+    flags = 2 if mapped else 0
     if nbytes and _cudart().cudaHostRegister(ctypes.c_void_p(flat.data_ptr()),
-                                             ctypes.c_size_t(nbytes), 0) == 0:
+                                             ctypes.c_size_t(nbytes), flags) == 0:
         unpin = weakref.finalize(flat if owner is None else owner, _unpin, flat, device)
         if pins is not None:
             pins.append(unpin)
@@ -434,7 +458,8 @@ def _pinned(numel: int, dtype: torch.dtype, device: torch.device, owner: Any = N
 
 def _unpin(flat: torch.Tensor, device: torch.device) -> None:
     """Unlocked once ``device`` is done with it: its owner may go with copies or kernels over
-    it still queued (an optimizer dropped after its step)."""
+    it still queued (an optimizer dropped after its step, gradients read after the host step
+    was left)."""
     if torch.cuda.is_initialized():
         with contextlib.suppress(RuntimeError):  # CUDA torn down already (the process's exit)
             torch.cuda.synchronize(device)
