@@ -289,6 +289,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "managed_peers.json").write_text(json.dumps(
         {"pinned_h2d_gbs": rate, "left_gib": args.left_gib, "managed": str(args.managed),
+         "alloc_conf": {n: os.environ[n] for n in ("PYTORCH_CUDA_ALLOC_CONF",
+                                                   "PYTORCH_ALLOC_CONF") if n in os.environ},
          "results": results,
          "table": lines}, indent=2))
     print("\n".join(lines))
