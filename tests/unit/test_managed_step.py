@@ -638,9 +638,41 @@ def cpu_streams(monkeypatch):
     return SimpleNamespace(log=log, down=FakeStream("down", log))
 
 
-def grads_down(params: list[torch.Tensor], down: FakeStream) -> step.GradsDown:
-    host = {p: torch.zeros_like(p) for p in params}
-    return step.GradsDown(params, down, host, dict(host))  # the view: the same memory
+def grads_down(params: list[torch.Tensor], down: FakeStream,
+               made: list | None = None) -> step.GradsDown:
+    """GradsDown whose homes are host tensors, their "mapped" view the tensor itself;
+    ``made``: the parameters a home was made for."""
+    def home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if made is not None:
+            made.append(p)
+        host = torch.zeros_like(p)
+        return host, host
+
+    return step.GradsDown(params, down, home)
+
+
+def test_a_home_is_made_at_a_gradients_first_arrival_on_the_device_only(cpu_streams,
+                                                                         monkeypatch):
+    """One that backward put in the reservoir is read there by the step: pinning memory for
+    it too would hold it twice on the host."""
+    made: list = []
+    spilled, placed = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    monkeypatch.setattr(step, "_in_reservoir", lambda t: t.shape == spilled.shape)
+    down = grads_down([spilled, placed], cpu_streams.down, made)
+    assert made == []  # nothing at attach
+    for _ in range(2):
+        (spilled.sum() + placed.sum()).backward()
+        placed.grad = None
+        spilled.grad = None
+    assert made == [placed] and set(down.alias) == {placed}
+
+
+def test_host_memory_that_cannot_be_mapped_leaves_gradients_to_the_step(cpu_streams):
+    p = torch.nn.Parameter(torch.ones(4))
+    down = step.GradsDown([p], cpu_streams.down, lambda p: None)
+    p.sum().backward()
+    assert down.handles == [] and down.host_of(p) is None
+    assert torch.equal(p.grad, torch.ones(4)) and not cpu_streams.log
 
 
 def test_a_gradient_goes_down_as_backward_makes_it_and_grad_becomes_the_host_view(cpu_streams):
@@ -771,4 +803,9 @@ def test_host_memory_not_mapped_for_the_gpu_is_unlocked_at_once(page_locks):
     step._pinned(16, torch.float32, torch.device("cuda", 0), owner)
     assert len(page_locks) == 1
     del owner  # with its owner
+    assert page_locks == {}
+
+
+def test_a_pinned_home_the_gpu_cannot_address_is_none_and_unlocked_at_once(page_locks):
+    assert step._pinned_home(torch.nn.Parameter(torch.ones(8))) is None
     assert page_locks == {}

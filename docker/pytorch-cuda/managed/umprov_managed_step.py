@@ -292,40 +292,27 @@ class HostStep:
 
 class GradsDown:
     """Gradients to pinned host memory while backward runs, as torchao's offload and
-    ZeRO-Offload move them, with ``.grad`` kept: a CUDA view of the same host memory."""
+    ZeRO-Offload move them, with ``.grad`` kept: a CUDA view of the same host memory. A
+    parameter's pinned home is made when its gradient first arrives in device memory: one
+    that backward put in the reservoir is read there by the step, and a home for it too would
+    hold it twice on the host (docs/managed-memory.md, run G: 9.4 of 11.25 GiB)."""
 
     def __init__(self, params: list[torch.Tensor], down: torch.cuda.Stream,
-                 host: dict[torch.Tensor, torch.Tensor],
-                 alias: dict[torch.Tensor, torch.Tensor]) -> None:
+                 home: Any = None) -> None:
         self.down = down
-        self.host, self.alias = host, alias  # param -> pinned CPU tensor, its CUDA view
+        self.home = home or _pinned_home  # param -> (pinned CPU tensor, its CUDA view) | None
+        self.host: dict[torch.Tensor, torch.Tensor] = {}
+        self.alias: dict[torch.Tensor, torch.Tensor] = {}
         self.streams: set = set()  # the streams backward accumulated on, this pass
         self.copying: deque = deque()  # (device gradient, its stream, copied event)
         self.copying_bytes = 0
         self.handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
 
     @classmethod
-    def attach(cls, opt: torch.optim.Optimizer, down: torch.cuda.Stream) -> GradsDown | None:
-        """Pinned, mapped host memory for every gradient (one block a dtype), and the
-        hooks; None where the memory cannot be pinned and mapped (the step copies then)."""
+    def attach(cls, opt: torch.optim.Optimizer, down: torch.cuda.Stream) -> GradsDown:
         params = [p for g in opt.param_groups for p in g["params"]
                   if p.requires_grad and p.is_leaf and p.device.type == "cuda"]
-        host: dict[torch.Tensor, torch.Tensor] = {}
-        alias: dict[torch.Tensor, torch.Tensor] = {}
-        for dtype in {p.dtype for p in params}:
-            mine = [p for p in params if p.dtype == dtype]
-            pins: list[weakref.finalize] = []
-            flat = _pinned(sum(p.numel() for p in mine), dtype, mine[0].device, pins=pins,
-                           mapped=True)
-            device_flat = _device_view(flat, mine[0].device, pins)
-            if device_flat is None:
-                return None
-            at = 0
-            for p in mine:
-                host[p] = flat[at:at + p.numel()].view_as(p)
-                alias[p] = device_flat[at:at + p.numel()].view_as(p)
-                at += p.numel()
-        return cls(params, down, host, alias)
+        return cls(params, down)
 
     def host_of(self, p: torch.Tensor) -> torch.Tensor | None:
         grad, alias = p.grad, self.alias.get(p)
@@ -341,11 +328,18 @@ class GradsDown:
     def _arrived(self, p: torch.Tensor) -> None:
         """After backward accumulated ``p.grad``: it goes down behind the kernels that made
         it, its device memory is given back once copied, ``.grad`` is the host view."""
-        grad, alias = p.grad, self.alias[p]
-        if (grad is None or grad.data_ptr() == alias.data_ptr() or grad.is_sparse
-                or grad.dtype != p.dtype or grad.shape != p.shape or not grad.is_contiguous()
-                or _in_reservoir(grad)):
+        grad, alias = p.grad, self.alias.get(p)
+        if (grad is None or (alias is not None and grad.data_ptr() == alias.data_ptr())
+                or grad.is_sparse or grad.dtype != p.dtype or grad.shape != p.shape
+                or not grad.is_contiguous() or _in_reservoir(grad)):
             return  # in the view already, spilled (the step reads it there), or not plain
+        if alias is None:
+            made = self.home(p)
+            if made is None:  # host memory not mapped for the GPU here: the step copies
+                self.detach()
+                return
+            self.host[p], self.alias[p] = made
+            alias = self.alias[p]
         stream = torch.cuda.current_stream(grad.device)
         if not self.streams:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
@@ -406,6 +400,14 @@ def _device_view(flat: torch.Tensor, device: torch.device,
     pins[0].detach()
     weakref.finalize(mapped, _unpin, flat, device)
     return torch.as_tensor(mapped, device=device).view(flat.dtype)
+
+
+def _pinned_home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Pinned host memory of ``p``'s size, and a CUDA view of it (None where not mapped)."""
+    pins: list[weakref.finalize] = []
+    flat = _pinned(p.numel(), p.dtype, p.device, pins=pins, mapped=True)
+    view = _device_view(flat, p.device, pins)
+    return None if view is None else (flat.view_as(p), view.view_as(p))
 
 
 def _grads_down_wanted() -> bool:
