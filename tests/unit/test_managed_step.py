@@ -783,10 +783,10 @@ def test_host_memory_is_unlocked_when_a_host_step_is_left_or_its_slots_replaced(
     assert {s.data_ptr() for s in host.slots} == first
     big = [torch.nn.Parameter(torch.empty(step.CHUNK // 4 + 1))]
     host._masters_for(big)  # a parameter stepped for the first time: its master after the slots
-    masters = {m.untyped_storage().data_ptr() for m in host.masters.values()}
     host._size_slots(big)  # larger slots: the old ones unlocked, every master kept
     assert len(page_locks) == 2 + step.SLOTS and not first & set(page_locks)
-    assert masters <= set(page_locks)
+    assert all(any(at <= m.data_ptr() < at + n for at, n in page_locks.items())
+               for m in host.masters.values())
     host.leave = step.HostStep.leave.__get__(host)
     host.state_to_device = lambda: None
     host.leave()
@@ -809,3 +809,14 @@ def test_host_memory_not_mapped_for_the_gpu_is_unlocked_at_once(page_locks):
 def test_a_pinned_home_the_gpu_cannot_address_is_none_and_unlocked_at_once(page_locks):
     assert step._pinned_home(torch.nn.Parameter(torch.ones(8))) is None
     assert page_locks == {}
+
+
+def test_locked_host_memory_has_whole_pages_of_its_own(page_locks):
+    """Small tensors share pages with their neighbours, and a page cannot be locked twice."""
+    owner = type("Owner", (), {})()
+    flats = [step._pinned(3, torch.float32, torch.device("cuda", 0), owner) for _ in range(4)]
+    assert len(page_locks) == 4
+    assert all(at % step.PAGE == 0 and n % step.PAGE == 0 for at, n in page_locks.items())
+    pages = sorted(page_locks.items())
+    assert all(a + n <= b for (a, n), (b, _) in zip(pages, pages[1:], strict=False))
+    assert all(f.numel() == 3 and f.data_ptr() in page_locks for f in flats)

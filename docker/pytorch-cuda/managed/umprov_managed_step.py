@@ -53,6 +53,7 @@ ALIGN = 512  # each gradient's place in a slot: any dtype's view of it starts al
 SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
 LAG = 1 << 30  # bytes of gradients copying down while backward runs on: held on the device
 RECHECK = 1.0  # seconds between reads of the reservoir's live bytes
+PAGE = os.sysconf("SC_PAGE_SIZE")
 _lib: Any = None
 _seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
 
@@ -443,15 +444,20 @@ def _host_view(tensor: torch.Tensor) -> torch.Tensor:
 
 def _pinned(numel: int, dtype: torch.dtype, device: torch.device, owner: Any = None,
             pins: list | None = None, mapped: bool = False) -> torch.Tensor:
-    """Host memory of exactly this size, page-locked for ``device``'s copy engines (PyTorch's
-    pinned allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its
-    owner or by the finalizer appended to ``pins``; ``mapped``: kernels can address it too
-    (cudaHostRegisterMapped), unlocked with its device view (``_device_view``)."""
-    flat = torch.empty(numel, dtype=dtype)
-    nbytes = flat.numel() * flat.element_size()
+    """Host memory of this size, page-locked for ``device``'s copy engines (PyTorch's pinned
+    allocator rounds up to a power of two: 12 GiB would take 16), unlocked with its owner or
+    by the finalizer appended to ``pins``; ``mapped``: kernels can address it too
+    (cudaHostRegisterMapped), unlocked with its device view (``_device_view``). Its pages are
+    its own: a page shared with another allocation (a small tensor's neighbour) could not be
+    locked twice."""
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    locked = -(-nbytes // PAGE) * PAGE
+    buffer = torch.empty(locked + PAGE, dtype=torch.uint8)
+    start = -buffer.data_ptr() % PAGE
+    flat = buffer[start:start + nbytes].view(dtype)
     flags = 2 if mapped else 0
     if nbytes and _cudart().cudaHostRegister(ctypes.c_void_p(flat.data_ptr()),
-                                             ctypes.c_size_t(nbytes), flags) == 0:
+                                             ctypes.c_size_t(locked), flags) == 0:
         unpin = weakref.finalize(flat if owner is None else owner, _unpin, flat, device)
         if pins is not None:
             pins.append(unpin)
