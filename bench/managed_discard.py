@@ -17,16 +17,23 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from managed_alloc import GIB, SOURCE, build
 
 ALIGN = 2 << 20  # the driver's large page: discard whole ones
+
+
+@functools.cache
+def driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def resident_mib() -> int:
@@ -48,10 +55,11 @@ def free_ranges(pool) -> list[tuple[int, int]]:  # noqa: ANN001 - a torch.cuda.M
     return ranges
 
 
-def discard(ranges: list[tuple[int, int]], stream: int) -> tuple[int | None, float]:
-    """cuMemDiscardBatchAsync over the ranges (None: this driver has no such call)."""
-    driver = ctypes.CDLL("libcuda.so.1")
-    call = getattr(driver, "cuMemDiscardBatchAsync", None)
+def discard(ranges: list[tuple[int, int]], stream: int,
+            synchronize: Callable[[], None]) -> tuple[int | None, float]:
+    """cuMemDiscardBatchAsync over the ranges, and its seconds to the stream's end (None:
+    this driver has no such call)."""
+    call = getattr(driver(), "cuMemDiscardBatchAsync", None)
     if call is None or not ranges:
         return None, 0.0
     call.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_ulonglong,
@@ -61,9 +69,7 @@ def discard(ranges: list[tuple[int, int]], stream: int) -> tuple[int | None, flo
     sizes = (ctypes.c_size_t * n)(*(s for _, s in ranges))
     started = time.perf_counter()
     rc = call(pointers, sizes, n, 0, ctypes.c_void_p(stream))
-    import torch
-
-    torch.cuda.synchronize()
+    synchronize()
     return rc, time.perf_counter() - started
 
 
@@ -98,13 +104,14 @@ def main() -> int:
     stages["freed"] = resident_mib()
     pool = umprov_managed.reservoir(torch.cuda.current_device())
     ranges = free_ranges(pool)
-    rc, seconds = discard(ranges, torch.cuda.current_stream().cuda_stream)
+    rc, seconds = discard(ranges, torch.cuda.current_stream().cuda_stream,
+                          torch.cuda.synchronize)
     stages["discarded"] = resident_mib()
     again = [torch.full((64 << 20,), 2.0, device="cuda") for _ in range(count)]
     right = all(float(t.sum()) == 2.0 * (64 << 20) for t in again)
     stages["written_again"] = resident_mib()
     version = ctypes.c_int()
-    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+    driver().cuDriverGetVersion(ctypes.byref(version))
     result = {"driver_api": version.value, "discard_rc": rc, "discard_s": round(seconds, 4),
               "spilled_gib": round(spilled / GIB, 2), "discarded_gib": round(
                   sum(s for _, s in ranges) / GIB, 2), "resident_mib": stages,

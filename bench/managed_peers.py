@@ -183,8 +183,10 @@ def optimizer(torch, model, run: dict):  # noqa: ANN001, ANN201 - torch is the c
 
 
 # ---- the parent ---------------------------------------------------------------------------
-def run_child(library: Path, timeout: float, reservoir_gib: float, **run: object) -> dict:
+def run_child(library: Path, managed: Path, timeout: float, reservoir_gib: float,
+              **run: object) -> dict:
     env = {**os.environ, **NVLS_OFF, "UMPROV_MANAGED_LIBRARY": str(library),
+           "UMPROV_BENCH_MANAGED": str(managed.resolve()),
            "UMPROV_MANAGED_RESERVOIR": f"{reservoir_gib}g",
            "UMPROV_MANAGED_MEMORY": "1" if str(run["how"]).startswith("pool") else "0",
            "UMPROV_MANAGED_HOST_STEP": {"pool_gpu_step": "0", "pool_host_step": "1"}.get(
@@ -276,10 +278,10 @@ def main() -> int:
         if neighbour.stdout is None or neighbour.stdout.readline().strip() != "ready":
             raise SystemExit("the neighbour process did not start")
         with tempfile.TemporaryDirectory() as tmp:
-            os.environ["UMPROV_BENCH_MANAGED"] = str(args.managed.resolve())
             library = build(Path(tmp), args.managed)
             for run in plan(args):
-                results.append(run_child(library, args.timeout, args.left_gib, **run))
+                results.append(run_child(library, args.managed, args.timeout, args.left_gib,
+                                         **run))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "losses"}),
                       file=sys.stderr, flush=True)
     finally:

@@ -450,7 +450,7 @@ def _pinned(numel: int, dtype: torch.dtype, device: torch.device, owner: Any = N
     (cudaHostRegisterMapped), unlocked with its device view (``_device_view``). Its pages are
     its own: a page shared with another allocation (a small tensor's neighbour) could not be
     locked twice."""
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     locked = -(-nbytes // PAGE) * PAGE
     buffer = torch.empty(locked + PAGE, dtype=torch.uint8)
     start = -buffer.data_ptr() % PAGE
