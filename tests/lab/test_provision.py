@@ -129,11 +129,17 @@ def lab_up(name: str, count: int) -> Lab:
     return Lab(name, Path(data["inventory"]), key.parent, hosts)
 
 
-def wait_for_ssh(host: Host, timeout: float = 90) -> None:
+def wait_for_ssh(host: Host, timeout: float = 180) -> None:
+    """SSH answers and the boot has finished. On a busy 2-core machine the boot after a
+    reboot can outlast one ``--wait``: ask again until the deadline."""
     deadline = time.monotonic() + timeout
     last = ""
-    while time.monotonic() < deadline:
-        out = host.run("systemctl is-system-running --wait || true", timeout=30)
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            out = host.run("systemctl is-system-running --wait || true", timeout=min(left, 60))
+        except subprocess.TimeoutExpired:
+            last = "the boot had not finished"
+            continue
         if out.returncode == 0:
             return
         last = out.stderr
