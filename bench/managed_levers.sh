@@ -1,0 +1,60 @@
+#!/bin/bash
+# Issue 36's open measurements, each a stage with its own time limit, so one lease (600 s a
+# call) runs what it can and keeps what it got (bench/README.md, "Open measurements").
+#
+#   bench/managed_levers.sh [homes] [discard] [expandable] [lag] [gputests]   # default: all
+#
+# On the GPU host, from the repository root, with torchao's wheel carried in .whl/. Results in
+# $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's
+# row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
+set -u
+stages=${*:-homes discard expandable lag gputests}
+for s in $stages; do
+    case $s in
+        homes | discard | expandable | lag | gputests) ;;
+        *) echo "managed_levers.sh: unknown stage '$s' (homes discard expandable lag gputests)" >&2
+           exit 2 ;;
+    esac
+done
+out=${OUT:-bench/results}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+python3 -m pip install -q --no-deps .whl/torchao-*.whl 2>&1 | tail -2
+peers() {  # stage, time limit, rows, then env assignments / --managed DIR
+    local stage=$1 limit=$2 rows=$3
+    shift 3
+    local envs=() args=()
+    for a in "$@"; do case $a in *=*) envs+=("$a") ;; *) args+=("$a") ;; esac; done
+    timeout "$limit" env "${envs[@]}" python3 bench/managed_peers.py --left-gib 16 --layers 15 \
+        --steps 5 --timeout 100 --only "$rows" "${args[@]}" --out "$out/$stage.json" \
+        > "$out/$stage.txt" 2>&1
+    echo "$stage rc=$?"
+    tail -6 "$out/$stage.txt"
+}
+lag_copy() {  # the managed modules with gradients down holding 256 MiB, not 1 GiB, in flight
+    local dir="$out/lag-managed"
+    mkdir -p "$dir"
+    cp docker/pytorch-cuda/managed/* "$dir/"
+    sed -i 's/^LAG = 1 << 30/LAG = 256 << 20/' "$dir/umprov_managed_step.py"
+    grep -q '^LAG = 256 << 20' "$dir/umprov_managed_step.py" || { echo "lag: LAG not found" >&2; return 1; }
+    echo "$dir"
+}
+ROWS=pool:adamw:fp32,pool_grads_down:adamw:fp32,torchao:adamw:fp32
+DOWN=pool_grads_down:adamw:fp32,torchao:adamw:fp32
+for s in $stages; do
+    case $s in
+        homes) peers homes 170 "$ROWS" ;;
+        discard)
+            timeout 60 python3 bench/managed_discard.py > "$out/discard.txt" 2>&1
+            echo "discard rc=$?"
+            tail -8 "$out/discard.txt" ;;
+        expandable) peers expandable 170 "$ROWS" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+        lag) dir=$(lag_copy) && peers lag 120 "$DOWN" --managed "$dir" ;;
+        gputests)
+            timeout 290 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
+                tests/gpu/test_managed_compat_gpu.py tests/gpu/test_managed_allocator_gpu.py \
+                > "$out/gputests.txt" 2>&1
+            echo "gputests rc=$?"
+            tail -12 "$out/gputests.txt" ;;
+    esac
+done
