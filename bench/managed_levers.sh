@@ -20,14 +20,11 @@ out=${OUT:-bench/results}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-deps .whl/torchao-*.whl 2>&1 | tail -2
-peers() {  # stage, time limit, rows, then env assignments / --managed DIR
+peers() {  # stage, time limit, rows, then more arguments (--managed DIR)
     local stage=$1 limit=$2 rows=$3
     shift 3
-    local envs=() args=()
-    for a in "$@"; do case $a in *=*) envs+=("$a") ;; *) args+=("$a") ;; esac; done
-    timeout "$limit" env "${envs[@]}" python3 bench/managed_peers.py --left-gib 16 --layers 15 \
-        --steps 5 --timeout 100 --only "$rows" "${args[@]}" --out "$out/$stage.json" \
-        > "$out/$stage.txt" 2>&1
+    timeout "$limit" python3 bench/managed_peers.py --left-gib 16 --layers 15 --steps 5 \
+        --timeout 100 --only "$rows" "$@" --out "$out/$stage.json" > "$out/$stage.txt" 2>&1
     echo "$stage rc=$?"
     tail -6 "$out/$stage.txt"
 }
@@ -48,7 +45,7 @@ for s in $stages; do
             timeout 60 python3 bench/managed_discard.py > "$out/discard.txt" 2>&1
             echo "discard rc=$?"
             tail -8 "$out/discard.txt" ;;
-        expandable) peers expandable 170 "$ROWS" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+        expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True peers expandable 170 "$ROWS" ;;
         lag) dir=$(lag_copy) && peers lag 120 "$DOWN" --managed "$dir" ;;
         gputests)
             timeout 290 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \

@@ -45,7 +45,7 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
 
 def test_each_speed_stage_keeps_torchaos_row_and_its_own_setting(recorded):
     env, out = recorded
-    run = levers(env, "homes", "expandable")
+    run = levers(env, "expandable", "homes")  # the setting must not outlive its stage
     assert run.returncode == 0, run.stderr
     homes, expandable = (out / "homes.txt").read_text(), (out / "expandable.txt").read_text()
     for text in (homes, expandable):
