@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests import fakebin
+
 MODULE = Path(__file__).resolve().parents[2] / "roles/apt_source/library/apt_source_dpkg.py"
 
 # dpkg-query -W's answer in the module's format: installed, held and installed, held but removed,
@@ -28,10 +30,8 @@ DPKG_LINES = (
 
 def run_module(tmp_path: Path, args: dict[str, Any], *, rc: int = 1) -> dict[str, Any]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "dpkg-query"
-    fake.write_text(f"#!/bin/sh\nprintf '%s' '{DPKG_LINES}'\necho 'no packages found' >&2\nexit {rc}\n")
-    fake.chmod(0o755)
+    fakebin.shell(bin_dir, "dpkg-query",
+                  f"printf '%s' '{DPKG_LINES}'\necho 'no packages found' >&2\nexit {rc}\n")
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
@@ -114,12 +114,9 @@ def test_files_are_read_as_copy_compares_them_and_a_fifo_is_never_read(tmp_path:
 
 
 def test_units_are_read_from_systemctl_is_enabled(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    systemctl = bin_dir / "systemctl"
     # rc 1 and "disabled" for a disabled unit; nothing on stdout for an unknown one.
-    systemctl.write_text('#!/bin/sh\ncase "$2" in a) echo enabled ;; b) echo disabled; exit 1 ;;'
-                         ' *) echo "Failed to get unit file state" >&2; exit 1 ;; esac\n')
-    systemctl.chmod(0o755)
+    fakebin.shell(tmp_path / "bin", "systemctl",
+                  'case "$2" in a) echo enabled ;; b) echo disabled; exit 1 ;;'
+                  ' *) echo "Failed to get unit file state" >&2; exit 1 ;; esac\n')
     out = run_module(tmp_path, {"units": ["a", "b", "c"]})
     assert out["units"] == {"a": "enabled", "b": "disabled", "c": ""}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from tests.conftest import REPO
 
 SCRIPT = REPO / "bench" / "managed_levers.sh"
@@ -18,11 +19,9 @@ SCRIPT = REPO / "bench" / "managed_levers.sh"
 def recorded(tmp_path: Path) -> tuple[dict[str, str], Path]:
     """An environment whose python3 prints its arguments and the allocator setting it got."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text('#!/bin/sh\necho "args: $*"\n'
-                    'echo "conf: ${PYTORCH_CUDA_ALLOC_CONF:-none} nvls: $NCCL_NVLS_ENABLE"\n')
-    fake.chmod(0o755)
+    fakebin.shell(bin_dir, "python3",
+                  'echo "args: $*"\n'
+                  'echo "conf: ${PYTORCH_CUDA_ALLOC_CONF:-none} nvls: $NCCL_NVLS_ENABLE"\n')
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)}
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from tests.conftest import REPO
 from umprov import __version__
 
@@ -38,9 +39,7 @@ def test_dist_needs_no_development_venv(tmp_path):
 
 
 def test_dist_without_pythons_venv_module_names_the_package(tmp_path):
-    python = tmp_path / "python3"
-    python.write_text("#!/bin/sh\nexit 1\n")  # a Python whose `import ensurepip, venv` fails
-    python.chmod(0o755)
+    python = fakebin.shell(tmp_path, "python3", "exit 1\n")  # `import ensurepip, venv` fails
     done = make(tmp_path, "dist", f"PYTHON={python}")
     assert done.returncode != 0
     assert "apt-get install python3-venv" in done.stderr, done.stderr

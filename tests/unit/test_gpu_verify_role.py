@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import fakebin
 from tests.unit.templating import ROLES, render, role_vars
 
 MODULE = ROLES / "gpu_verify" / "library" / "gpu_verify.py"
@@ -105,10 +106,8 @@ def test_the_module_requires_an_agent_and_a_positive_timeout(tmp_path):
 
 
 def test_a_missing_container_is_named(tmp_path):
-    docker = tmp_path / "docker"
-    docker.write_text("#!/bin/sh\necho \"Error response from daemon: No such container: $2\" >&2\n"
-                      "exit 1\n")
-    docker.chmod(0o755)
+    docker = fakebin.shell(tmp_path, "docker",
+                           'echo "Error response from daemon: No such container: $2" >&2\nexit 1\n')
     agent = tmp_path / "agent.pyz"
     agent.write_bytes(b"")
     result = run_module(tmp_path, agent=str(agent), container="gone", docker=str(docker))

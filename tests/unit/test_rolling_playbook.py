@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import fakebin
 from umprov.verify.bundle import agent_zipapp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,14 +114,7 @@ class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.bin = tmp / "bin"
-        self.bin.mkdir()
-        fake = self.bin / "fake_slurm"
-        fake.write_text(f"#!{sys.executable}\n" + (FAKES / "fake_slurm.py").read_text())
-        fake.chmod(0o755)
-        for name in ("scontrol", "squeue"):
-            (self.bin / name).symlink_to(fake)
-        (self.bin / "journalctl").write_text("#!/bin/sh\necho '{\"MESSAGE\": \"Linux\"}'\n")
-        (self.bin / "journalctl").chmod(0o755)
+        fakebin.slurm(self.bin)
         self.agent = agent_zipapp(cache=tmp / "agent")
         self.sick: set[str] = set()
         for name in self.NAMES:
@@ -140,13 +134,12 @@ class Fleet:
                    "processes": [], "links": None, "throttle": 0x4,
                    "remap": [0, 1, 0, 1] if name in self.sick else [0, 0, 0, 0]}
             (self.tmp / f"{name}.nvml.json").write_text(json.dumps({"gpus": [gpu]}))
-            python = self.tmp / f"{name}.python"
-            python.write_text(
+            python = fakebin.program(
+                self.tmp / f"{name}.python",
                 f"#!/bin/sh\nexport PATH={self.bin}:$PATH PYTHONPATH={FAKES / 'fake_nvml'} "
                 f"UMPROV_FAKE_NVML={self.tmp / (name + '.nvml.json')} "
                 f"UMPROV_FAKE_SLURM={self.tmp / (name + '.slurm.json')}\n"
                 f'exec {sys.executable} "$@"\n')
-            python.chmod(0o755)
             hosts[name] = {
                 "ansible_connection": "local", "ansible_become": False,
                 "ansible_python_interpreter": sys.executable,

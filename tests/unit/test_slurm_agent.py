@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from umprov.verify.agent.schema import EXIT_FAIL, EXIT_PASS, EXIT_WARN, host_report, record
 from umprov.verify.bundle import agent_zipapp
 
@@ -31,14 +32,7 @@ class Cluster:
     def __init__(self, agent: Path, tmp: Path) -> None:
         self.agent, self.tmp = agent, tmp
         self.bin = tmp / "bin"
-        self.bin.mkdir()
-        wrapper = self.bin / "fake_slurm"
-        wrapper.write_text(f"#!{sys.executable}\n" + (FAKES / "fake_slurm.py").read_text())
-        wrapper.chmod(0o755)
-        for name in ("scontrol", "squeue"):
-            (self.bin / name).symlink_to(wrapper)
-        (self.bin / "journalctl").write_text("#!/bin/sh\necho '{\"MESSAGE\": \"Linux\"}'\n")
-        (self.bin / "journalctl").chmod(0o755)
+        fakebin.slurm(self.bin)
         self.gpus = [{**H200, "uuid": f"GPU-{i}", "pci": f"00000000:{i + 0x18:02X}:00.0"}
                      for i in range(2)]
         self.set(state="IDLE")
@@ -118,8 +112,7 @@ def test_the_gate_judges_a_given_report_and_ends_its_hold(cluster, tmp_path):
 
 
 def test_active_checks_that_cannot_start_fall_back_to_passive_and_warn(cluster):
-    (cluster.bin / "docker").write_text("#!/bin/sh\necho 'No such container: umprov' >&2\nexit 1\n")
-    (cluster.bin / "docker").chmod(0o755)
+    fakebin.shell(cluster.bin, "docker", "echo 'No such container: umprov' >&2\nexit 1\n")
     rc, out, _ = cluster.run("--slurm-health", "--active-when-idle", "--container", "umprov")
     assert rc == EXIT_WARN and out["action"] == "leave" and out["mode"] == "passive"
     assert cluster.updates() == []  # umprov's own set-up never drains a node

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import fakebin
 from tests.unit import templating
 from tests.unit.templating import render
 
@@ -26,18 +27,14 @@ def role_vars(**overrides: Any) -> dict[str, Any]:
 def program(tmp_path):
     """Write the health check program for some variables; run it, as slurmd would, by a name.
     Returns (exit code, the agent's arguments)."""
-    python = tmp_path / "python3"
-    python.write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" > "$(dirname "$0")/argv"\n'
-                      'exit "${AGENT_RC:-0}"\n')
-    python.chmod(0o755)
+    python = fakebin.shell(tmp_path, "python3", 'printf \'%s\\n\' "$@" > "$(dirname "$0")/argv"\n'
+                                                'exit "${AGENT_RC:-0}"\n')
 
     def run(variables: dict[str, Any], *args: str, name: str = "umprov-gpu-health",
             agent_rc: int = 0) -> tuple[int, list[str]]:
         text = render((ROLE / "templates" / "umprov-gpu-health.j2").read_text(),
                       role_vars(slurm_gpu_health_python=str(python), **variables))
-        script = tmp_path / name
-        script.write_text(text)
-        script.chmod(0o755)
+        script = fakebin.program(tmp_path / name, text)
         proc = subprocess.run([str(script), *args], env={"AGENT_RC": str(agent_rc),
                                                          "PATH": "/usr/bin:/bin"}, timeout=10)
         return proc.returncode, (tmp_path / "argv").read_text().splitlines()

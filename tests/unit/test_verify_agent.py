@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from tests.unit.ranks import start_ranks
 from umprov.verify import report
 from umprov.verify.agent.pairs import pair_records
@@ -98,13 +99,10 @@ def test_the_report_says_where_the_time_went(agent, tmp_path):
 
 def test_a_gpu_that_fell_off_the_bus_explains_why_none_is_visible(agent, tmp_path):
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "journal.out").write_text(json.dumps({
+    fakebin.journal(bindir, [{
         "__CURSOR": "c", "_SOURCE_MONOTONIC_TIMESTAMP": "5112309562",
         "MESSAGE": "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has "
-        "fallen off the bus."}) + "\n")
-    (bindir / "journalctl").write_text(f"#!/bin/sh\ncat {bindir / 'journal.out'}\n")
-    (bindir / "journalctl").chmod(0o755)
+        "fallen off the bus."}])
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, str(agent), "--json", str(out), "--quiet"], timeout=120,

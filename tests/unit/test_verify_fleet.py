@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from umprov.verify.agent import busbw, gpuchild, libnvml, nvlink, processes, samples
 from umprov.verify.agent.burnin import parse_duration, plan
 from umprov.verify.agent.monitor import monitor_records, new_xids
@@ -170,12 +171,9 @@ def test_the_monitor_child_lists_samples_and_reads_again_at_the_end(tmp_path):
                      h200("00000000:3B:00.0")]}
     (tmp_path / "nvml.json").write_text(json.dumps(desc))
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "journal.out").write_text(json.dumps({
+    fakebin.journal(bindir, [{
         "__CURSOR": "c1", "_SOURCE_MONOTONIC_TIMESTAMP": "9000000",
-        "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 74, pid=1, name=x, NVLink: fatal error"}) + "\n")
-    (bindir / "journalctl").write_text(f"#!/bin/sh\ncat {bindir / 'journal.out'}\n")
-    (bindir / "journalctl").chmod(0o755)
+        "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 74, pid=1, name=x, NVLink: fatal error"}])
     opts = {"cuda_gate": str(tmp_path / "cuda.gate"), "stop": str(tmp_path / "stop"),
             "sample_every": 0.05}
     (tmp_path / "opts.json").write_text(json.dumps(opts))

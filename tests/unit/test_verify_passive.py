@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from umprov.verify import report
 from umprov.verify.agent.schema import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WARN
 from umprov.verify.bundle import agent_zipapp
@@ -40,12 +41,9 @@ class Host:
 
     def run(self, *args: str) -> tuple[int, dict, str]:
         bindir = self.tmp / "bin"
-        bindir.mkdir(exist_ok=True)
-        lines = [json.dumps({"__CURSOR": f"c{i}", "_SOURCE_MONOTONIC_TIMESTAMP": str(9_000_000 + i),
-                             "MESSAGE": m}) for i, m in enumerate(self.kernel)]
-        (bindir / "journal.out").write_text("\n".join(lines) + "\n")
-        (bindir / "journalctl").write_text(f"#!/bin/sh\ncat {bindir / 'journal.out'}\n")
-        (bindir / "journalctl").chmod(0o755)
+        fakebin.journal(bindir, [{"__CURSOR": f"c{i}",
+                                  "_SOURCE_MONOTONIC_TIMESTAMP": str(9_000_000 + i), "MESSAGE": m}
+                                 for i, m in enumerate(self.kernel)])
         paths = [str(FAKES / "forbidden_torch")]
         env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
                "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from umprov.verify import remote
 
 FAKES = Path(__file__).resolve().parent / "verify_fakes"
@@ -21,10 +22,7 @@ def test_local_passive_reads_the_driver_and_never_loads_torch(umprov_cli, tmp_pa
     monkeypatch.setenv("PYTHONPATH", f"{FAKES / 'fake_nvml'}:{FAKES / 'forbidden_torch'}")
     monkeypatch.setenv("UMPROV_FAKE_NVML", str(tmp_path / "nvml.json"))
     monkeypatch.setenv("UMPROV_TORCH_IMPORTED", str(tmp_path / "torch-imported"))
-    journalctl = tmp_path / "bin" / "journalctl"  # this boot's kernel log: no Xid
-    journalctl.parent.mkdir()
-    journalctl.write_text("#!/bin/sh\necho '{\"MESSAGE\": \"Linux version 6.1\"}'\n")
-    journalctl.chmod(0o755)
+    journalctl = fakebin.journal(tmp_path / "bin", [{"MESSAGE": "Linux version 6.1"}])  # no Xid
     monkeypatch.setenv("PATH", f"{journalctl.parent}:{os.environ['PATH']}")
     result = umprov_cli("verify", "--local", "--passive", "--expected-gpus", "1", "--json")
     (doc,) = json.loads(result.stdout)["hosts"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from tests.conftest import REPO
 from umprov.verify.bundle import agent_zipapp
 from umprov.verify.multinode import MultiNodeOptions
@@ -56,10 +57,8 @@ def _free_port() -> int:
 def sbatch(tmp_path: Path, nodes: str, **env: str) -> Path:
     """Run the script as Slurm would, with the stand-ins; the folder it leaves."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+        fakebin.program(bin_dir / name, text)
     full = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path),
             "FAKE_NODES": nodes, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[0-1]",
             "SLURM_SUBMIT_DIR": str(tmp_path), "UMPROV_PYTHON": sys.executable,

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-from pathlib import Path
 
 import pytest
 
+from tests import fakebin
 from umprov.verify.agent import xid
 from umprov.verify.agent.schema import record
 
@@ -122,12 +121,6 @@ def test_a_clean_log_passes_and_names_its_source():
     assert rec["check"] == "host.xid" and rec["verdict"] == "pass" and "dmesg" in rec["detail"]
 
 
-def _tool(bindir: Path, name: str, script: str) -> None:
-    path = bindir / name
-    path.write_text("#!/bin/sh\n" + script)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
-
 @pytest.fixture
 def bindir(tmp_path, monkeypatch):
     d = tmp_path / "bin"
@@ -141,8 +134,8 @@ def bindir(tmp_path, monkeypatch):
 
 
 def test_an_unreadable_log_is_a_skip_naming_every_reason(bindir):
-    _tool(bindir, "journalctl", "echo 'No journal files were found.' >&2; echo '-- No entries --'")
-    _tool(bindir, "dmesg", "echo 'dmesg: read kernel buffer failed: Operation not permitted' >&2"
+    fakebin.shell(bindir, "journalctl", "echo 'No journal files were found.' >&2; echo '-- No entries --'")
+    fakebin.shell(bindir, "dmesg", "echo 'dmesg: read kernel buffer failed: Operation not permitted' >&2"
           "; exit 1")
     got = xid.read_kernel_log()
     assert got["source"] is None
@@ -154,10 +147,10 @@ def test_an_unreadable_log_is_a_skip_naming_every_reason(bindir):
 
 
 def test_a_journal_that_hides_kernel_messages_from_this_user_is_not_a_clean_log(bindir):
-    _tool(bindir, "journalctl", "echo 'Hint: You are currently not seeing messages from other "
+    fakebin.shell(bindir, "journalctl", "echo 'Hint: You are currently not seeing messages from other "
           "users and the system.' >&2")
     (bindir / "dmesg.out").write_text(f"[    5.000000] {FELL_OFF}\n")
-    _tool(bindir, "dmesg", f"cat {bindir / 'dmesg.out'}")
+    fakebin.shell(bindir, "dmesg", f"cat {bindir / 'dmesg.out'}")
     got = xid.read_kernel_log()
     assert got["source"] == "dmesg" and got["xids"][0]["xid"] == 79
     assert "not seeing messages" in got["unreadable"][0]
@@ -168,7 +161,7 @@ def test_the_journal_is_read_first_and_then_only_from_its_cursor(bindir, tmp_pat
                        "MESSAGE": FELL_OFF})
     args, out = tmp_path / "args", tmp_path / "journal.out"
     out.write_text(line + "\n")
-    _tool(bindir, "journalctl", f'echo "$@" >> {args}; cat {out}')
+    fakebin.shell(bindir, "journalctl", f'echo "$@" >> {args}; cat {out}')
     first = xid.read_kernel_log()
     assert first["source"] == "journal" and first["cursor"] == "s=9;i=7"
     xid.read_kernel_log(first)
