@@ -2,17 +2,17 @@
 # Issue 36's open measurements, each a stage with its own time limit, so one lease (600 s a
 # call) runs what it can and keeps what it got (bench/README.md, "Open measurements").
 #
-#   bench/managed_levers.sh [homes] [discard] [expandable] [lag] [gputests]   # default: all
+#   bench/managed_levers.sh [early] [homes] [discard] [expandable] [lag] [gputests]   # default: all
 #
 # On the GPU host, from the repository root, with torchao's wheel carried in .whl/. Results in
 # $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's
 # row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
 set -u
-stages=${*:-homes discard expandable lag gputests}
+stages=${*:-early homes discard expandable lag gputests}
 for s in $stages; do
     case $s in
-        homes | discard | expandable | lag | gputests) ;;
-        *) echo "managed_levers.sh: unknown stage '$s' (homes discard expandable lag gputests)" >&2
+        early | homes | discard | expandable | lag | gputests) ;;
+        *) echo "managed_levers.sh: unknown stage '$s' (early homes discard expandable lag gputests)" >&2
            exit 2 ;;
     esac
 done
@@ -28,18 +28,20 @@ peers() {  # stage, time limit, rows, then more arguments (--managed DIR)
     echo "$stage rc=$?"
     tail -6 "$out/$stage.txt"
 }
-lag_copy() {  # the managed modules with gradients down holding 256 MiB, not 1 GiB, in flight
+lag_copy() {  # the managed modules with gradients down holding 1 GiB in flight (before run H)
     local dir="$out/lag-managed"
     mkdir -p "$dir"
     cp docker/pytorch-cuda/managed/* "$dir/"
-    sed -i 's/^LAG = 1 << 30/LAG = 256 << 20/' "$dir/umprov_managed_step.py"
-    grep -q '^LAG = 256 << 20' "$dir/umprov_managed_step.py" || { echo "lag: LAG not found" >&2; return 1; }
+    sed -i 's/^LAG = 256 << 20/LAG = 1 << 30/' "$dir/umprov_managed_step.py"
+    grep -q '^LAG = 1 << 30' "$dir/umprov_managed_step.py" || { echo "lag: LAG not found" >&2; return 1; }
     echo "$dir"
 }
 ROWS=pool:adamw:fp32,pool_grads_down:adamw:fp32,torchao:adamw:fp32
 DOWN=pool_grads_down:adamw:fp32,torchao:adamw:fp32
+FITS=fit:default,fit:pool,fit:pool_grads_down
 for s in $stages; do
     case $s in
+        early) peers early 240 "$ROWS,$FITS" ;;
         homes) peers homes 170 "$ROWS" ;;
         discard)
             timeout 60 python3 bench/managed_discard.py > "$out/discard.txt" 2>&1

@@ -216,8 +216,8 @@ def plan(args: argparse.Namespace) -> list[dict]:
                 ("bf16", "adamw", ("pool", "torchao", "fsdp2")))
             for how in hows]
     small = {"layers": 2, "optim": "adamw", "dtype": "fp32"}
-    runs += [{"name": f"fit:{how}", "how": how, "steps": 8, **small} for how in ("default",
-                                                                                "pool")]
+    runs += [{"name": f"fit:{how}", "how": how, "steps": 8, **small}
+             for how in ("default", "pool", "pool_grads_down")]
     runs += [{"name": f"curve:{how}", "how": how, "steps": 20, **small}
              for how in ("default", "pool_host_step")]
     only = set(args.only.split(",")) if args.only else None

@@ -38,7 +38,7 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
     run = levers(env, "homes", "expandible")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "managed_levers.sh: unknown stage 'expandible' (homes discard expandable lag gputests)"]
+        "managed_levers.sh: unknown stage 'expandible' (early homes discard expandable lag gputests)"]
     assert not out.exists()
 
 
@@ -53,13 +53,13 @@ def test_each_speed_stage_keeps_torchaos_row_and_its_own_setting(recorded):
     assert "conf: expandable_segments:True" in expandable
 
 
-def test_the_lag_stage_measures_a_copy_with_256_mib_in_flight(recorded):
+def test_the_lag_stage_measures_a_copy_with_1_gib_in_flight(recorded):
     env, out = recorded
     run = levers(env, "lag")
     assert run.returncode == 0, run.stderr
     args = (out / "lag.txt").read_text().splitlines()[0].split()
     copy = Path(args[args.index("--managed") + 1])
     step = (copy / "umprov_managed_step.py").read_text()
-    assert "\nLAG = 256 << 20" in step
+    assert "\nLAG = 1 << 30" in step
     original = (REPO / "docker/pytorch-cuda/managed/umprov_managed_step.py").read_text()
-    assert step.replace("LAG = 256 << 20", "LAG = 1 << 30", 1) == original
+    assert step.replace("LAG = 1 << 30", "LAG = 256 << 20", 1) == original

@@ -395,9 +395,11 @@ def test_chunks_split_greedily_by_bytes(monkeypatch, seed):
 def hooks(monkeypatch):
     """The module's global hooks for this test, a HostStep without CUDA (its step as
     HostStep.step does it, less the streams), and switches for eligible() and _spilling()."""
-    switch = SimpleNamespace(eligible=True, spilling=False, host_steps=0, groups_seen=[])
+    switch = SimpleNamespace(eligible=True, spilling=False, host_steps=0, groups_seen=[],
+                             early=[])
 
-    def init(self, opt):
+    def init(self, opt, early=None):
+        switch.early.append(early)
         self.opt = opt
         self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
         self.masters, self.versions, self.fused, self.grads_down = {}, {}, False, None
@@ -671,7 +673,7 @@ def test_host_memory_that_cannot_be_mapped_leaves_gradients_to_the_step(cpu_stre
     p = torch.nn.Parameter(torch.ones(4))
     down = step.GradsDown([p], cpu_streams.down, lambda p: None)
     p.sum().backward()
-    assert down.handles == [] and down.host_of(p) is None
+    assert not down.handles and down.host_of(p) is None
     assert torch.equal(p.grad, torch.ones(4)) and not cpu_streams.log
 
 
@@ -739,6 +741,103 @@ def test_detached_hooks_leave_gradients_where_backward_puts_them(cpu_streams):
     down.detach()
     p.sum().backward()
     assert down.host_of(p) is None and not cpu_streams.log
+
+
+@pytest.fixture
+def watching(cpu_streams, monkeypatch):
+    """The forward hook install() registers, over CPU modules: homes are host tensors, the
+    copy streams FakeStreams; switches for spilling and for what is in the reservoir."""
+    switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True)
+    monkeypatch.setattr(step, "_early", {"hook": None, "grads": None})
+    monkeypatch.setattr(step, "_watchable", lambda p: p.requires_grad and p.is_leaf)
+    monkeypatch.setattr(step, "_grads_down_wanted", lambda: switch.wanted)
+    monkeypatch.setattr(step, "_spilling", lambda: switch.spilling)
+    monkeypatch.setattr(step, "_in_reservoir", lambda t: id(t) in switch.in_reservoir)
+    monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
+        copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log))))
+
+    def home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        host = torch.zeros_like(p)
+        return host, host
+
+    monkeypatch.setattr(step, "_pinned_home", home)
+    step._early["hook"] = torch.nn.modules.module.register_module_forward_pre_hook(
+        step._before_forward)
+    yield switch
+    step._stop_watching()
+
+
+def two_layers() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+
+
+def test_parameters_are_watched_from_the_first_forward_and_nothing_goes_down_unspilled(
+        watching):
+    model = two_layers()
+    with torch.no_grad():
+        model(torch.ones(2, 4))  # inference: nothing watched
+    assert step._early["grads"] is None and step._early["hook"] is not None
+    model(torch.ones(2, 4)).sum().backward()
+    early = step._early["grads"]
+    assert set(early.handles) == set(model.parameters())
+    assert step._early["hook"] is None  # backward has begun: every module was seen
+    assert not early.host and all(early.host_of(p) is None for p in model.parameters())
+
+
+def test_once_a_gradient_spills_the_next_ones_go_down_in_the_same_backward(watching):
+    model = two_layers()
+    last_bias = model[1].bias
+    real = step.GradsDown._arrived
+
+    def arrived(self, p):  # the first gradient backward makes lands in the reservoir
+        if p is last_bias:
+            watching.in_reservoir.add(id(p.grad))
+        real(self, p)
+
+    step.GradsDown._arrived = arrived
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+    finally:
+        step.GradsDown._arrived = real
+    early = step._early["grads"]
+    down = {p for p in model.parameters() if early.host_of(p) is not None}
+    assert last_bias not in down and down == set(model.parameters()) - {last_bias}
+    assert not early.waiting
+
+
+def test_a_job_seen_spilling_sends_every_gradient_down_from_the_first_backward(watching):
+    watching.spilling = True  # activations spilled in forward
+    model = two_layers()
+    model(torch.ones(2, 4)).sum().backward()
+    early = step._early["grads"]
+    assert all(early.host_of(p) is not None for p in model.parameters())
+
+
+def test_the_first_step_hands_the_watched_parameters_to_its_host_step(watching, hooks):
+    model = two_layers()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    early = step._early["grads"]
+    hooks.spilling = True
+    opt.step()
+    assert hooks.early == [early] and step._early["grads"] is None
+
+
+def test_a_first_step_without_a_host_step_lets_the_watched_parameters_go(watching, hooks):
+    model = two_layers()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    early = step._early["grads"]
+    opt.step()  # not spilling: the device step, as written
+    assert hooks.early == [] and not early.handles and step._early["grads"] is None
+
+
+def test_without_gradients_down_the_forward_hook_goes_at_once(watching):
+    watching.wanted = False
+    model = two_layers()
+    model(torch.ones(2, 4)).sum().backward()
+    assert step._early["hook"] is None and step._early["grads"] is None
 
 
 def test_grads_go_down_only_when_asked_and_never_distributed(monkeypatch):

@@ -120,6 +120,17 @@ TORCH_2_9 = frozenset({
     "torch.distributed",
     "torch.distributed.is_available",
     "torch.distributed.is_initialized",
+    "torch.is_grad_enabled",
+    "torch.compiler",
+    "torch.compiler.is_compiling",
+    "torch.nn",
+    "torch.nn.Module",
+    "torch.nn.Module.parameters",
+    "torch.nn.modules",
+    "torch.nn.modules.module",
+    "torch.nn.modules.module.register_module_forward_pre_hook",
+    "torch.Tensor.is_leaf",
+    "torch.Tensor.requires_grad",
 })
 
 # Reached through an object, not a torch. chain: (the name, how the modules' source spells it)
@@ -152,6 +163,9 @@ INDIRECT = [
     ("torch.Tensor.device", "p.device.type"),
     ("torch.Tensor.to", 'value.to("cpu"'),
     ("torch.Tensor.register_post_accumulate_grad_hook", "p.register_post_accumulate_grad_hook("),
+    ("torch.nn.Module.parameters", "module.parameters(recurse=False)"),
+    ("torch.Tensor.is_leaf", "p.is_leaf"),
+    ("torch.Tensor.requires_grad", "p.requires_grad"),
 ]
 # Set on each instance (in __init__), not on the class: checked on one made on the CPU
 INSTANCE = {

@@ -36,6 +36,7 @@ import contextlib
 import ctypes
 import os
 import time
+import warnings
 import weakref
 from collections import defaultdict, deque
 from typing import Any
@@ -51,11 +52,17 @@ KINDS = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop
 CHUNK = 256 << 20  # bytes of parameters a chunk: big enough for the CPU's threads and the bus
 ALIGN = 512  # each gradient's place in a slot: any dtype's view of it starts aligned
 SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
-LAG = 1 << 30  # bytes of gradients copying down while backward runs on: held on the device
+# Bytes of gradients copying down while backward runs on, held on the device: 256 MiB gives
+# their blocks back soon enough that backward's next gradients find room (run H: with 1 GiB,
+# 9.4 of 11.25 GiB of them still spilled).
+LAG = 256 << 20
 RECHECK = 1.0  # seconds between reads of the reservoir's live bytes
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _lib: Any = None
 _seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
+# Before the first optimizer step: the forward hook that watches parameters, the GradsDown
+# watching them (``_before_forward``).
+_early: dict[str, Any] = {"hook": None, "grads": None}
 
 
 def install(library: Any) -> None:
@@ -67,6 +74,52 @@ def install(library: Any) -> None:
     _lib = library
     register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(_after_step)
+    _early["hook"] = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
+    # torch.compile(model) warns at each call while any global module hook exists (it would
+    # run once more for the compiled wrapper); this one reads the wrapper's own parameters,
+    # of which it has none, and is gone after the first backward.
+    warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are "
+                            "global hooks", category=UserWarning)
+
+
+def _before_forward(module: torch.nn.Module, args: tuple) -> None:
+    """Until backward first runs, each module's parameters are watched at its forward, so
+    gradients go down from the first backward that spills rather than from the first step:
+    host pages a gradient touches in the reservoir stay with the process after it is freed
+    (docs/managed-memory.md, run H). Nothing goes down until the job spills."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return  # inference; or traced by torch.compile, where hooks made would break graphs
+    for p in module.parameters(recurse=False):
+        if not _watchable(p):
+            continue
+        early = _early["grads"]
+        if early is None:
+            if not _grads_down_wanted():
+                _stop_watching()
+                return
+            down, _up = _managed().copy_streams(p.device.index)
+            early = _early["grads"] = GradsDown([], down, waiting=True)
+            early.on_first_arrival = _stop_watching
+        early.watch(p)
+
+
+def _watchable(p: torch.Tensor) -> bool:
+    return p.requires_grad and p.is_leaf and p.device.type == "cuda"
+
+
+def _stop_watching() -> None:
+    hook = _early["hook"]
+    if hook is not None:
+        hook.remove()
+        _early["hook"] = None
+
+
+def _take_early() -> GradsDown | None:
+    """At an optimizer step: the parameters watched since the first forward, if any; the
+    forward hook is done either way."""
+    _stop_watching()
+    early, _early["grads"] = _early["grads"], None
+    return early
 
 
 def _in_reservoir(tensor: torch.Tensor) -> bool:
@@ -112,12 +165,15 @@ def eligible(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
 
 def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
     spilling = _spilling()  # read at every step: stats()'s peak
+    early = _take_early()
     host = opt.__dict__.get("_umprov_host")
     mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
     if host is None:
         if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not spilling):
+            if early is not None:
+                early.detach()
             return
-        host = opt.__dict__["_umprov_host"] = HostStep(opt)
+        host = opt.__dict__["_umprov_host"] = HostStep(opt, early)
     elif not eligible(opt, args, kwargs):  # a closure once, say: the state goes back first
         host.leave()
         del opt.__dict__["_umprov_host"]
@@ -136,7 +192,7 @@ def _after_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
 class HostStep:
     """One optimizer's host side: pinned masters, gradient slots, the copy stream."""
 
-    def __init__(self, opt: torch.optim.Optimizer) -> None:
+    def __init__(self, opt: torch.optim.Optimizer, early: GradsDown | None = None) -> None:
         self.opt = opt
         self.grads_down: GradsDown | None = None
         self.step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
@@ -149,8 +205,17 @@ class HostStep:
         self.down, self.up = _managed().copy_streams(self.device.index)
         self.uploaded: torch.cuda.Event | None = None
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
+        if early is not None and (early.device not in (None, self.device)
+                                  or not _grads_down_wanted()):
+            early.detach()  # another GPU's parameters, or distributed since the forward
+            early = None
         if _grads_down_wanted():
-            self.grads_down = GradsDown.attach(opt, self.down)
+            self.grads_down = early if early is not None else GradsDown([], self.down)
+            self.grads_down.waiting = False
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.requires_grad and p.is_leaf and p.device == self.device:
+                        self.grads_down.watch(p)
 
     def leave(self) -> None:
         """Back to the device step: the state beside its parameters, backward's hooks gone,
@@ -299,7 +364,7 @@ class GradsDown:
     hold it twice on the host (docs/managed-memory.md, run G: 9.4 of 11.25 GiB)."""
 
     def __init__(self, params: list[torch.Tensor], down: torch.cuda.Stream,
-                 home: Any = None) -> None:
+                 home: Any = None, waiting: bool = False) -> None:
         self.down = down
         self.home = home or _pinned_home  # param -> (pinned CPU tensor, its CUDA view) | None
         self.host: dict[torch.Tensor, torch.Tensor] = {}
@@ -307,13 +372,20 @@ class GradsDown:
         self.streams: set = set()  # the streams backward accumulated on, this pass
         self.copying: deque = deque()  # (device gradient, its stream, copied event)
         self.copying_bytes = 0
-        self.handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
+        self.waiting = waiting  # until the job spills, gradients stay where backward put them
+        self.on_first_arrival: Any = None  # called once, when backward first reaches a hook
+        self.device: torch.device | None = None  # the watched parameters' GPU (one)
+        self.handles: dict[torch.Tensor, Any] = {}
+        for p in params:
+            self.watch(p)
 
-    @classmethod
-    def attach(cls, opt: torch.optim.Optimizer, down: torch.cuda.Stream) -> GradsDown:
-        params = [p for g in opt.param_groups for p in g["params"]
-                  if p.requires_grad and p.is_leaf and p.device.type == "cuda"]
-        return cls(params, down)
+    def watch(self, p: torch.Tensor) -> None:
+        """``p``'s gradients go down from now on (once the job spills, while waiting); one
+        GPU's parameters only."""
+        if p in self.handles or self.device not in (None, p.device):
+            return
+        self.device = p.device
+        self.handles[p] = p.register_post_accumulate_grad_hook(self._arrived)
 
     def host_of(self, p: torch.Tensor) -> torch.Tensor | None:
         grad, alias = p.grad, self.alias.get(p)
@@ -322,18 +394,28 @@ class GradsDown:
         return self.host[p]
 
     def detach(self) -> None:
-        for handle in self.handles:
+        for handle in self.handles.values():
             handle.remove()
-        self.handles = []
+        self.handles = {}
 
     def _arrived(self, p: torch.Tensor) -> None:
         """After backward accumulated ``p.grad``: it goes down behind the kernels that made
         it, its device memory is given back once copied, ``.grad`` is the host view."""
+        if self.on_first_arrival is not None:
+            first, self.on_first_arrival = self.on_first_arrival, None
+            first()
         grad, alias = p.grad, self.alias.get(p)
         if (grad is None or (alias is not None and grad.data_ptr() == alias.data_ptr())
                 or grad.is_sparse or grad.dtype != p.dtype or grad.shape != p.shape
-                or not grad.is_contiguous() or _in_reservoir(grad)):
-            return  # in the view already, spilled (the step reads it there), or not plain
+                or not grad.is_contiguous()):
+            return  # in the view already, or not plain
+        if _in_reservoir(grad):  # spilled: the step reads it there; the next ones go down
+            self.waiting = False
+            return
+        if self.waiting:
+            if not _spilling():
+                return
+            self.waiting = False
         if alias is None:
             made = self.home(p)
             if made is None:  # host memory not mapped for the GPU here: the step copies
