@@ -19,7 +19,7 @@ from tests.unit import ranks
 from umprov.verify.agent import discover, gpu, host, managed, oversub
 from umprov.verify.agent.gpuchild import share_of
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
-from umprov.verify.agent.runner import MiB, wait_done
+from umprov.verify.agent.runner import Child, MiB, wait_all, wait_done
 from umprov.verify.bundle import agent_zipapp
 
 
@@ -251,6 +251,27 @@ def test_wait_done_does_not_wait_for_an_exit():
     started = time.monotonic()
     wait_done([child])
     assert time.monotonic() - started < 0.5 and child.rc is None
+
+
+# A child that has written "done" and then takes a while to end, as CUDA and NCCL teardown do
+LINGERING = """
+import json, sys, time
+with open(sys.argv[-1], "a") as out:
+    for ev in ({"ev": "start", "check": "gpu.smoke_kernel", "target": "gpu0"}, {"ev": "done"}):
+        out.write(json.dumps({**ev, "m": time.monotonic()}) + "\\n")
+        out.flush()
+        time.sleep(0.1)
+time.sleep(0.4)
+"""
+
+
+def test_the_time_a_child_takes_to_end_after_its_checks_is_its_exit_phase(tmp_path):
+    child = Child("gpu0", [sys.executable, "-c", LINGERING], dict(os.environ), 30, str(tmp_path))
+    wait_done([child])
+    assert [t["name"] for t in child.timings(child.started)][1:] == ["gpu.smoke_kernel"]
+    wait_all([child])
+    phases = {t["name"]: t["seconds"] for t in child.timings(child.started)}
+    assert list(phases)[1:] == ["gpu.smoke_kernel", "exit"] and phases["exit"] >= 0.4
 
 
 # -- the ranks: exact values and the DDP step before the timed gate, the timed ones after it

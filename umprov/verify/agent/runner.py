@@ -275,7 +275,9 @@ class Child:
         """Where this child's time went, as {"name", "start_s", "seconds", "gpu", "child"}
         (start_s: seconds since ``origin``, the run's start): its start-up until its first
         event, then each phase from a "start" (named by its check) or a "mark" (named by what
-        follows) to the next; repeated starts of one check are one phase."""
+        follows) to the next, and "exit" from its "done" to its end (interpreter, NCCL and
+        CUDA teardown, where the parent waited for it); repeated starts of one check are one
+        phase."""
         out: list[dict] = []
 
         def add(name: str, a: float, b: float) -> None:
@@ -296,9 +298,9 @@ class Child:
             if e.get("ev") in ("start", "mark", "done"):
                 if opened:
                     add(opened[0], opened[1], float(e["m"]))
-                opened = None if e["ev"] == "done" else (
+                opened = ("exit", float(e["m"])) if e["ev"] == "done" else (
                     str(e.get("check") or e.get("what")), float(e["m"]))
-        if opened:
+        if opened and (opened[0] != "exit" or self.ended is not None):
             add(opened[0], opened[1], self.ended or time.monotonic())
         for t in out:
             del t["_end"]
