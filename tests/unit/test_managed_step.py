@@ -747,11 +747,12 @@ def test_detached_hooks_leave_gradients_where_backward_puts_them(cpu_streams):
 def watching(cpu_streams, monkeypatch):
     """The forward hook install() registers, over CPU modules: homes are host tensors, the
     copy streams FakeStreams; switches for spilling and for what is in the reservoir."""
-    switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True)
+    switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True, full=False)
     monkeypatch.setattr(step, "_early", {"hook": None, "grads": None})
     monkeypatch.setattr(step, "_watchable", lambda p: p.requires_grad and p.is_leaf)
     monkeypatch.setattr(step, "_grads_down_wanted", lambda: switch.wanted)
     monkeypatch.setattr(step, "_spilling", lambda: switch.spilling)
+    monkeypatch.setattr(step, "_nearly_full", lambda device: switch.full)
     monkeypatch.setattr(step, "_in_reservoir", lambda t: id(t) in switch.in_reservoir)
     monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
         copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log))))
@@ -812,6 +813,23 @@ def test_a_job_seen_spilling_sends_every_gradient_down_from_the_first_backward(w
     model(torch.ones(2, 4)).sum().backward()
     early = step._early["grads"]
     assert all(early.host_of(p) is not None for p in model.parameters())
+
+
+def test_a_gpu_nearly_full_sends_gradients_down_before_any_spills(watching):
+    watching.full = True  # forward's activations took what the device had
+    model = two_layers()
+    model(torch.ones(2, 4)).sum().backward()
+    early = step._early["grads"]
+    assert all(early.host_of(p) is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(("free", "total", "full"), [
+    (1 << 30, 80 << 30, True), (3 << 30, 80 << 30, True), (5 << 30, 80 << 30, False),
+    (1 << 30, 16 << 30, True), (3 << 30, 16 << 30, False)])
+def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_free(monkeypatch, free, total,
+                                                                    full):
+    monkeypatch.setattr(step.torch.cuda, "mem_get_info", lambda device: (free, total))
+    assert step._nearly_full(torch.device("cuda", 0)) is full
 
 
 def test_the_first_step_hands_the_watched_parameters_to_its_host_step(watching, hooks):

@@ -121,6 +121,7 @@ TORCH_2_9 = frozenset({
     "torch.distributed.is_available",
     "torch.distributed.is_initialized",
     "torch.is_grad_enabled",
+    "torch.cuda.mem_get_info",
     "torch.compiler",
     "torch.compiler.is_compiling",
     "torch.nn",

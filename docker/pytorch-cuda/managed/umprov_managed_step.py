@@ -57,6 +57,7 @@ SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
 # 9.4 of 11.25 GiB of them still spilled).
 LAG = 256 << 20
 RECHECK = 1.0  # seconds between reads of the reservoir's live bytes
+NEARLY_FULL = 2 << 30  # device bytes free below which gradients go down before any spills
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _lib: Any = None
 _seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
@@ -413,7 +414,7 @@ class GradsDown:
             self.waiting = False
             return
         if self.waiting:
-            if not _spilling():
+            if not (_spilling() or _nearly_full(grad.device)):
                 return
             self.waiting = False
         if alias is None:
@@ -491,6 +492,15 @@ def _pinned_home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     flat = _pinned(p.numel(), p.dtype, p.device, pins=pins, mapped=True)
     view = _device_view(flat, p.device, pins)
     return None if view is None else (flat.view_as(p), view.view_as(p))
+
+
+def _nearly_full(device: torch.device) -> bool:
+    """Whether the GPU has less than NEARLY_FULL (or a twentieth of it) left for PyTorch to
+    take: backward's next gradients would spill, and with them the reservoir's host pages
+    stay taken (run I: waiting for the first spilled gradient was too late, the device held
+    forward's activations and every later gradient spilled)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free < max(NEARLY_FULL, total // 20)
 
 
 def _grads_down_wanted() -> bool:
