@@ -851,6 +851,23 @@ def test_a_first_step_without_a_host_step_lets_the_watched_parameters_go(watchin
     assert hooks.early == [] and not early.handles and step._early["grads"] is None
 
 
+def test_gradients_sent_down_come_back_to_the_device_for_a_device_step(watching, hooks):
+    """The GPU was nearly full in backward, yet nothing spilled: the step is the device's, and
+    it (and a zero_grad that keeps tensors) gets device gradients, not host views."""
+    watching.full = True
+    model, ref = two_layers(), two_layers()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for m in (model, ref):
+        m(torch.ones(2, 4)).sum().backward()
+    early = step._early["grads"]
+    views = {p: p.grad for p in model.parameters()}
+    assert all(early.host_of(p) is not None for p in model.parameters())
+    opt.step()
+    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+        assert p.grad.data_ptr() != views[p].data_ptr() and early.host_of(p) is None
+        assert torch.allclose(p.detach(), r.detach() - 0.1 * r.grad)
+
+
 def test_without_gradients_down_the_forward_hook_goes_at_once(watching):
     watching.wanted = False
     model = two_layers()

@@ -174,7 +174,7 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
     if host is None:
         if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not spilling):
             if early is not None:
-                early.detach()
+                early.release()
             return
         host = opt.__dict__["_umprov_host"] = HostStep(opt, early)
     elif not eligible(opt, args, kwargs):  # a closure once, say: the state goes back first
@@ -210,7 +210,7 @@ class HostStep:
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
         if early is not None and (early.device not in (None, self.device)
                                   or not _grads_down_wanted()):
-            early.detach()  # another GPU's parameters, or distributed since the forward
+            early.release()  # another GPU's parameters, or distributed since the forward
             early = None
         if _grads_down_wanted():
             self.grads_down = early if early is not None else GradsDown([], self.down)
@@ -224,7 +224,7 @@ class HostStep:
         """Back to the device step: the state beside its parameters, backward's hooks gone,
         the host copies unlocked once the last ones have gone up."""
         if self.grads_down is not None:
-            self.grads_down.detach()
+            self.grads_down.release()
         self.state_to_device()
         if self.uploaded is not None:
             self.uploaded.synchronize()
@@ -400,6 +400,16 @@ class GradsDown:
         for handle in self.handles.values():
             handle.remove()
         self.handles = {}
+
+    def release(self) -> None:
+        """For a device step from here on: hooks gone, and each ``.grad`` that is a host view
+        becomes device memory again, so the step and later backwards (``zero_grad`` that
+        keeps tensors) do not read and write it across the bus."""
+        self.detach()
+        with torch.no_grad():
+            for p, alias in self.alias.items():
+                if p.grad is not None and p.grad.data_ptr() == alias.data_ptr():
+                    p.grad = alias.clone()
 
     def _arrived(self, p: torch.Tensor) -> None:
         """After backward accumulated ``p.grad``: it goes down behind the kernels that made
