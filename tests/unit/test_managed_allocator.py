@@ -613,3 +613,22 @@ def test_the_import_hook_enables_at_the_import_not_at_a_lookup_before_it(tmp_pat
                           text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["probe True", "enabled", "imported 1 False"]
+
+
+@pytest.mark.parametrize(("budget", "fraction", "room"), [
+    (-1, None, 2 << 30),  # driver's free 1 GiB + 1 GiB cached free on the device
+    (12 << 30, None, 1 << 30),  # the budget is spent: the cached free block only
+    (-1, 0.2, 2 << 30),  # the job's 16 GiB cap leaves 2: the driver's 1 GiB is less
+    (-1, 0.18, (1 << 30) + int(0.18 * (80 << 30)) - (14 << 30))])
+def test_device_room_is_what_torch_can_still_take_on_the_device_reservoir_aside(
+        reservoir, monkeypatch, budget, fraction, room):
+    import torch
+
+    reservoir.state.update(budget=budget, sizes={0: 4 << 30})
+    if fraction is not None:
+        umprov_managed._fractions[0] = fraction
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {
+        "reserved_bytes.all.current": (14 << 30) + (4 << 30),  # device + the reservoir
+        "allocated_bytes.all.current": 13 << 30})
+    assert umprov_managed.device_room(0) == room

@@ -749,10 +749,11 @@ def watching(cpu_streams, monkeypatch):
     copy streams FakeStreams; switches for spilling and for what is in the reservoir."""
     switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True, full=False)
     monkeypatch.setattr(step, "_early", {"hook": None, "grads": None})
-    monkeypatch.setattr(step, "_watchable", lambda p: p.requires_grad and p.is_leaf)
+    monkeypatch.setattr(step, "_watchable", lambda p: isinstance(p, torch.nn.Parameter)
+                        and not torch.nn.parameter.is_lazy(p) and p.requires_grad)
     monkeypatch.setattr(step, "_grads_down_wanted", lambda: switch.wanted)
     monkeypatch.setattr(step, "_spilling", lambda: switch.spilling)
-    monkeypatch.setattr(step, "_nearly_full", lambda device: switch.full)
+    monkeypatch.setattr(step.GradsDown, "_nearly_full", lambda self, device: switch.full)
     monkeypatch.setattr(step, "_in_reservoir", lambda t: id(t) in switch.in_reservoir)
     monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
         copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log))))
@@ -823,13 +824,22 @@ def test_a_gpu_nearly_full_sends_gradients_down_before_any_spills(watching):
     assert all(early.host_of(p) is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize(("free", "total", "full"), [
+@pytest.mark.parametrize(("room", "total", "full"), [
     (1 << 30, 80 << 30, True), (3 << 30, 80 << 30, True), (5 << 30, 80 << 30, False),
     (1 << 30, 16 << 30, True), (3 << 30, 16 << 30, False)])
-def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_free(monkeypatch, free, total,
-                                                                    full):
-    monkeypatch.setattr(step.torch.cuda, "mem_get_info", lambda device: (free, total))
-    assert step._nearly_full(torch.device("cuda", 0)) is full
+def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_of_room_read_now_and_then(
+        monkeypatch, room, total, full):
+    reads: list[int] = []
+    monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
+        device_room=lambda device: reads.append(device) or room))
+    monkeypatch.setattr(step.torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=total))
+    down = step.GradsDown([], FakeStream("down", []))
+    gpu = torch.device("cuda", 1)
+    assert down._nearly_full(gpu) is full
+    assert down._nearly_full(gpu) is False and reads == [1]  # not again within ROOM_RECHECK
+    down.room_checked -= step.ROOM_RECHECK
+    assert down._nearly_full(gpu) is full and reads == [1, 1]
 
 
 def test_the_first_step_hands_the_watched_parameters_to_its_host_step(watching, hooks):
@@ -866,6 +876,57 @@ def test_gradients_sent_down_come_back_to_the_device_for_a_device_step(watching,
     for p, r in zip(model.parameters(), ref.parameters(), strict=True):
         assert p.grad.data_ptr() != views[p].data_ptr() and early.host_of(p) is None
         assert torch.allclose(p.detach(), r.detach() - 0.1 * r.grad)
+
+
+def test_each_optimizer_keeps_its_own_parameters_and_the_others_come_back(watching,
+                                                                         monkeypatch):
+    """Two models, two optimizers (a GAN): the first optimizer's host step keeps only its own
+    parameters' gradients going down; the other model's come back to the device."""
+    watching.full = True
+    monkeypatch.setattr(step, "_get_fused_kernels_supported_devices", lambda: [])
+    gen, disc = two_layers(), two_layers()
+    (gen(torch.ones(2, 4)).sum() + disc(torch.ones(2, 4)).sum()).backward()
+    early = step._take_early()
+    assert set(early.handles) == {*gen.parameters(), *disc.parameters()}
+    host = step.HostStep(torch.optim.AdamW(disc.parameters()), early)
+    assert host.grads_down is early and not early.waiting
+    assert set(early.handles) == set(disc.parameters())
+    for p in gen.parameters():
+        assert early.host_of(p) is None and p.grad is not None  # a copy of its own
+    assert all(early.host_of(p) is not None for p in disc.parameters())
+
+
+def test_lazy_modules_and_functional_calls_are_not_watched(watching):
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(3), torch.nn.Linear(3, 1))
+    lazy(torch.ones(2, 4)).sum().backward()  # its first forward makes its weight
+    early = step._early["grads"]
+    assert set(early.handles) == {lazy[1].weight, lazy[1].bias}
+    model = two_layers()
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    for _ in range(3):
+        torch.func.functional_call(model, params, (torch.ones(2, 4),)).sum().backward()
+    assert set(early.handles) == {lazy[1].weight, lazy[1].bias}
+
+
+def test_a_gradient_larger_than_the_lag_still_overlaps_backward(cpu_streams, monkeypatch):
+    """Its stream does not wait for its copy at once: it is let go when the next one comes."""
+    monkeypatch.setattr(step, "LAG", 4)  # bytes: every gradient here is larger
+    params = [torch.nn.Parameter(torch.ones(4)) for _ in range(3)]
+    down = grads_down(params, cpu_streams.down)
+    seen: list[int] = []
+    for p in params:
+        p.register_post_accumulate_grad_hook(lambda p: seen.append(len(down.copying)))
+    (params[0] * params[1] * params[2]).sum().backward()
+    assert seen == [1, 1, 1]
+
+
+def test_distributed_started_after_the_first_forward_keeps_gradients_where_they_are(watching):
+    model = two_layers()
+    loss = model(torch.ones(2, 4)).sum()
+    watching.full, watching.wanted = True, False  # init_process_group between the two
+    loss.backward()
+    early = step._early["grads"]
+    assert all(early.host_of(p) is None for p in model.parameters())
 
 
 def test_without_gradients_down_the_forward_hook_goes_at_once(watching):

@@ -345,6 +345,23 @@ def spilled() -> int:
     return live
 
 
+def device_room(device: int) -> int:
+    """Bytes PyTorch can still place in ``device``'s own memory, the reservoir aside: what the
+    driver has free, under the budget and the job's own memory fraction, plus PyTorch's cached
+    free blocks there (the reservoir's segments count in its reserved bytes: taken out)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    stats = torch.cuda.memory_stats(device)
+    reserved = stats.get("reserved_bytes.all.current", 0) - _state.get("sizes", {}).get(device, 0)
+    allocated = stats.get("allocated_bytes.all.current", 0)  # the reservoir's live bytes too
+    caps = [cap for cap in (_state.get("budget", -1),
+                            int(_fractions[device] * total) if device in _fractions else -1)
+            if cap >= 0]
+    more = min([free] + [cap - reserved for cap in caps])
+    return max(0, more) + max(0, reserved - allocated)
+
+
 def empty_cache() -> None:
     """Give back PyTorch's cached device segments (torch.cuda.empty_cache); the reservoirs
     stay."""

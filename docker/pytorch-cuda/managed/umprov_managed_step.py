@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -59,13 +60,15 @@ SLOTS = 3  # pinned gradient slots: one coming down, one stepped, one spare
 # 9.4 of 11.25 GiB of them still spilled).
 LAG = 256 << 20
 RECHECK = 1.0  # seconds between reads of the reservoir's live bytes
-NEARLY_FULL = 2 << 30  # device bytes free below which gradients go down before any spills
+NEARLY_FULL = 2 << 30  # device room below which gradients go down before any spills
+ROOM_RECHECK = 0.01  # seconds between reads of the device's room while waiting
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _lib: Any = None
 _seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
 # Before the first optimizer step: the forward hook that watches parameters, the GradsDown
 # watching them (``_before_forward``).
 _early: dict[str, Any] = {"hook": None, "grads": None}
+_early_lock = threading.Lock()
 
 
 def install(library: Any) -> None:
@@ -77,10 +80,12 @@ def install(library: Any) -> None:
     _lib = library
     register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(_after_step)
+    if not _grads_down_wanted():
+        return
+    # Gradients down only: a global module hook. torch.compile(model) warns at each call while
+    # one exists (it would run once more for the compiled wrapper, which has no parameters of
+    # its own), and compiles once more after the first step, when the hook is gone.
     _early["hook"] = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
-    # torch.compile(model) warns at each call while any global module hook exists (it would
-    # run once more for the compiled wrapper); this one reads the wrapper's own parameters,
-    # of which it has none, and is gone after the first backward.
     warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are "
                             "global hooks", category=UserWarning)
 
@@ -95,19 +100,23 @@ def _before_forward(module: torch.nn.Module, args: tuple) -> None:
     for p in module.parameters(recurse=False):
         if not _watchable(p):
             continue
-        early = _early["grads"]
-        if early is None:
-            if not _grads_down_wanted():
-                _stop_watching()
-                return
-            down, _up = _managed().copy_streams(p.device.index)
-            early = _early["grads"] = GradsDown([], down, waiting=True)
-            early.on_first_arrival = _stop_watching
+        with _early_lock:
+            early = _early["grads"]
+            if early is None:
+                if not _grads_down_wanted():  # torch.distributed since install()
+                    _stop_watching()
+                    return
+                down, _up = _managed().copy_streams(p.device.index)
+                early = _early["grads"] = GradsDown([], down, waiting=True)
+                early.on_first_arrival = _stop_watching
         early.watch(p)
 
 
 def _watchable(p: torch.Tensor) -> bool:
-    return p.requires_grad and p.is_leaf and p.device.type == "cuda"
+    """A model's own trained parameter on a GPU: not a lazy module's yet to be made, nor a
+    tensor ``torch.func.functional_call`` put in its place."""
+    return (isinstance(p, torch.nn.Parameter) and not torch.nn.parameter.is_lazy(p)
+            and p.requires_grad and p.is_leaf and p.device.type == "cuda")
 
 
 def _stop_watching() -> None:
@@ -208,6 +217,8 @@ class HostStep:
         self.down, self.up = _managed().copy_streams(self.device.index)
         self.uploaded: torch.cuda.Event | None = None
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
+        own = [p for g in opt.param_groups for p in g["params"]
+               if p.requires_grad and p.is_leaf and p.device == self.device]
         if early is not None and (early.device not in (None, self.device)
                                   or not _grads_down_wanted()):
             early.release()  # another GPU's parameters, or distributed since the forward
@@ -215,10 +226,10 @@ class HostStep:
         if _grads_down_wanted():
             self.grads_down = early if early is not None else GradsDown([], self.down)
             self.grads_down.waiting = False
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    if p.requires_grad and p.is_leaf and p.device == self.device:
-                        self.grads_down.watch(p)
+            mine = {id(p) for p in own}
+            self.grads_down.release([p for p in self.grads_down.handles if id(p) not in mine])
+            for p in own:  # another optimizer's, or no optimizer's: as backward leaves them
+                self.grads_down.watch(p)
 
     def leave(self) -> None:
         """Back to the device step: the state beside its parameters, backward's hooks gone,
@@ -378,7 +389,8 @@ class GradsDown:
         self.waiting = waiting  # until the job spills, gradients stay where backward put them
         self.on_first_arrival: Any = None  # called once, when backward first reaches a hook
         self.device: torch.device | None = None  # the watched parameters' GPU (one)
-        self.handles: dict[torch.Tensor, Any] = {}
+        self.handles: dict[torch.Tensor, Any] = {}  # parameter -> its hook (parameters only)
+        self.room_checked = -ROOM_RECHECK
         for p in params:
             self.watch(p)
 
@@ -397,18 +409,26 @@ class GradsDown:
         return self.host[p]
 
     def detach(self) -> None:
-        for handle in self.handles.values():
+        for handle in list(self.handles.values()):
             handle.remove()
-        self.handles = {}
+        self.handles.clear()
 
-    def release(self) -> None:
-        """For a device step from here on: hooks gone, and each ``.grad`` that is a host view
-        becomes device memory again, so the step and later backwards (``zero_grad`` that
-        keeps tensors) do not read and write it across the bus."""
-        self.detach()
+    def release(self, params: list[torch.Tensor] | None = None) -> None:
+        """For a device step from here on (every parameter's, or ``params``'): hooks gone, and
+        each ``.grad`` that is a host view becomes device memory again, so the step and later
+        backwards (``zero_grad`` that keeps tensors) do not read and write it across the bus."""
+        if params is None:
+            self.detach()
+        for p in params or []:
+            handle = self.handles.pop(p, None)
+            if handle is not None:
+                handle.remove()
         with torch.no_grad():
-            for p, alias in self.alias.items():
-                if p.grad is not None and p.grad.data_ptr() == alias.data_ptr():
+            for p in list(self.alias) if params is None else params:
+                alias = self.alias.pop(p, None)
+                self.host.pop(p, None)
+                if alias is not None and p.grad is not None and (
+                        p.grad.data_ptr() == alias.data_ptr()):
                     p.grad = alias.clone()
 
     def _arrived(self, p: torch.Tensor) -> None:
@@ -426,7 +446,9 @@ class GradsDown:
             self.waiting = False
             return
         if self.waiting:
-            if not (_spilling() or _nearly_full(grad.device)):
+            if not _grads_down_wanted():  # torch.distributed since the first forward
+                return
+            if not (_spilling() or self._nearly_full(grad.device)):
                 return
             self.waiting = False
         if alias is None:
@@ -448,8 +470,21 @@ class GradsDown:
         self.copying.append((grad, stream, copied))
         self.copying_bytes += grad.numel() * grad.element_size()
         p.grad = alias
-        while self.copying_bytes > LAG:
+        while self.copying_bytes > LAG and len(self.copying) > 1:  # one larger than LAG: kept
             self._release_oldest()
+
+    def _nearly_full(self, device: torch.device) -> bool:
+        """Whether PyTorch has less than NEARLY_FULL (or a twentieth of the GPU) of device
+        memory left: backward's next gradients would spill, and the reservoir's host pages
+        they touch stay taken (run I: waiting for the first spilled gradient was too late,
+        forward's activations held the device and every later gradient spilled). Read at most
+        every ROOM_RECHECK seconds: reading costs about a tenth of a millisecond."""
+        now = time.monotonic()
+        if now - self.room_checked < ROOM_RECHECK:
+            return False
+        self.room_checked = now
+        total = torch.cuda.get_device_properties(device).total_memory
+        return _managed().device_room(device.index) < max(NEARLY_FULL, total // 20)
 
     def _release_oldest(self) -> None:
         """The oldest copied gradient's memory back to PyTorch's cache: its stream waits for
@@ -504,15 +539,6 @@ def _pinned_home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     flat = _pinned(p.numel(), p.dtype, p.device, pins=pins, mapped=True)
     view = _device_view(flat, p.device, pins)
     return None if view is None else (flat.view_as(p), view.view_as(p))
-
-
-def _nearly_full(device: torch.device) -> bool:
-    """Whether the GPU has less than NEARLY_FULL (or a twentieth of it) left for PyTorch to
-    take: backward's next gradients would spill, and with them the reservoir's host pages
-    stay taken (run I: waiting for the first spilled gradient was too late, the device held
-    forward's activations and every later gradient spilled)."""
-    free, total = torch.cuda.mem_get_info(device)
-    return free < max(NEARLY_FULL, total // 20)
 
 
 def _grads_down_wanted() -> bool:
