@@ -747,7 +747,13 @@ def test_detached_hooks_leave_gradients_where_backward_puts_them(cpu_streams):
 def watching(cpu_streams, monkeypatch):
     """The forward hook install() registers, over CPU modules: homes are host tensors, the
     copy streams FakeStreams; switches for spilling and for what is in the reservoir."""
-    switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True, full=False)
+    switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True, full=False,
+                             room=1 << 40, rooms_read=0)
+
+    def device_room(device: int) -> int:
+        switch.rooms_read += 1
+        return switch.room
+
     monkeypatch.setattr(step, "_early", {"hook": None, "grads": None})
     monkeypatch.setattr(step, "_watchable", lambda p: isinstance(p, torch.nn.Parameter)
                         and not torch.nn.parameter.is_lazy(p) and p.requires_grad)
@@ -756,7 +762,8 @@ def watching(cpu_streams, monkeypatch):
     monkeypatch.setattr(step.GradsDown, "_nearly_full", lambda self, device: switch.full)
     monkeypatch.setattr(step, "_in_reservoir", lambda t: id(t) in switch.in_reservoir)
     monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
-        copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log))))
+        copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log)),
+        device_room=device_room))
 
     def home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         host = torch.zeros_like(p)
@@ -859,6 +866,38 @@ def test_a_first_step_without_a_host_step_lets_the_watched_parameters_go(watchin
     early = step._early["grads"]
     opt.step()  # not spilling: the device step, as written
     assert hooks.early == [] and not early.handles and step._early["grads"] is None
+
+
+@pytest.mark.parametrize(("room", "host_step"), [(10 << 30, False), (100, True)])
+def test_gradients_down_without_a_spill_step_on_the_host_where_the_state_has_no_room(
+        watching, hooks, room, host_step):
+    """Nothing spilled because gradients went down: the first step is the host's where the
+    optimizer's new state would not fit in the device's room (it would spill instead)."""
+    watching.full, watching.room = True, room
+    model = two_layers()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()  # hooks.spilling: False
+    assert (hooks.host_steps == 1) is host_step and watching.rooms_read == 1
+
+
+def test_the_state_a_device_step_would_make_is_what_has_to_fit(monkeypatch):
+    rooms: list[int] = []
+    monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
+        device_room=lambda device: rooms[-1]))
+    p, q = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2))
+    p.grad, q.grad = torch.ones(4), None  # q has no gradient: no state this step
+    for kind, need in ((torch.optim.AdamW, 32), (torch.optim.SGD, 16)):
+        opt = kind([p, q], lr=0.1)
+        rooms.append(need - 1)
+        assert step._state_would_spill(opt)
+        rooms.append(need)
+        assert not step._state_would_spill(opt)
+    opt.step()  # SGD without momentum keeps no tensors: its state stays empty
+    adam = torch.optim.AdamW([p])
+    adam.step()
+    rooms.append(0)
+    assert not step._state_would_spill(adam)  # made already
 
 
 def test_gradients_sent_down_come_back_to_the_device_for_a_device_step(watching, hooks):

@@ -181,6 +181,10 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
     host = opt.__dict__.get("_umprov_host")
     mode = os.environ.get("UMPROV_MANAGED_HOST_STEP", "auto")
     if host is None:
+        # Gradients that went down kept backward out of the reservoir; a device step whose new
+        # state has no room would put it there instead (and its host pages stay taken).
+        spilling = spilling or (early is not None and not early.waiting
+                                and _state_would_spill(opt))
         if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not spilling):
             if early is not None:
                 early.release()
@@ -193,6 +197,18 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
     host.step()
     opt.__dict__["_umprov_groups"] = opt.param_groups
     opt.param_groups = [{**g, "params": []} for g in opt.param_groups]  # the device step: none
+
+
+def _state_would_spill(opt: torch.optim.Optimizer) -> bool:
+    """Whether the state a device step is yet to make (Adam's two moments: twice its
+    parameters; SGD's and Adagrad's one: once) is more than PyTorch has room for on the GPU."""
+    factor = 1 if type(opt).__name__ in ("SGD", "Adagrad") else 2
+    params = [p for g in opt.param_groups for p in g["params"]
+              if p.grad is not None and not opt.state.get(p)]
+    if not params:
+        return False
+    need = factor * sum(p.numel() * p.element_size() for p in params)
+    return _managed().device_room(params[0].device.index) < need
 
 
 def _after_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
