@@ -100,6 +100,27 @@ def grads_down(m: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
     return all(host.grads_down.host_of(p) is not None for p in m.parameters())
 
 
+def case_first_steps() -> dict:
+    """A 1 GiB model whose gradients do not fit beside it under the budget
+    (UMPROV_MANAGED_BUDGET): the losses of three AdamW steps, and what spilled to the
+    reservoir at most, the first step's backward and Adam's new moments included."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(16)]).to(DEV)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(256, 4096, generator=gen).to(DEV)
+    losses = []
+    for _ in range(3):
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    umprov_managed.spilled()  # the peak, as of now
+    return {"losses": losses, "host_step": "_umprov_host" in opt.__dict__,
+            "pool": umprov_managed.stats()}
+
+
 def case_resume(path: str) -> dict:
     """Train 4 steps, save; in a fresh process (``resume``), load and train 4 more."""
     data = batches(8)

@@ -84,6 +84,21 @@ def test_accumulation_clipping_and_a_schedule_train_as_on_the_default_allocator(
     assert down["grads_down"] and close(down["losses"], base["losses"])
 
 
+def test_gradients_down_keep_the_first_steps_out_of_the_reservoir(library):
+    """Under a 1.75 GiB budget a 1 GiB model's gradients spill in the first backward, and then
+    stay spilled on the host; gone down as backward makes them (the GPU nearly full), nothing
+    spills, Adam's moments included (the first step is the host's), and the losses are the
+    same (docs/managed-memory.md, runs H and I)."""
+    budget = {"UMPROV_MANAGED_BUDGET": "1792m", "UMPROV_MANAGED_RESERVOIR": "8g",
+              "UMPROV_MANAGED_HOST_STEP": "auto"}
+    kept, _ = run(library, "first_steps", **budget)
+    down, err = run(library, "first_steps", UMPROV_MANAGED_GRADS_DOWN="1", **budget)
+    assert kept["host_step"] and kept["pool"]["peak_spilled"] > 0, kept
+    assert down["host_step"], err[-2000:]
+    assert down["pool"]["peak_spilled"] < kept["pool"]["peak_spilled"] // 4, (down, kept)
+    assert close(down["losses"], kept["losses"]), (down["losses"], kept["losses"])
+
+
 def test_optimizer_state_saved_and_loaded_in_a_fresh_process(library, tmp_path):
     base_first, _ = run(library, "resume", str(tmp_path / "base.pt"), pool=False)
     base_then, _ = run(library, "resume", str(tmp_path / "base.pt"), pool=False)
