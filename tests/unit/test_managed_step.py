@@ -888,16 +888,25 @@ def test_the_state_a_device_step_would_make_is_what_has_to_fit(monkeypatch):
     p, q = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2))
     p.grad, q.grad = torch.ones(4), None  # q has no gradient: no state this step
     for kind, need in ((torch.optim.AdamW, 32), (torch.optim.SGD, 16)):
-        opt = kind([p, q], lr=0.1)
+        opt = kind([p, q], lr=0.1, **({"momentum": 0.9} if kind is torch.optim.SGD else {}))
         rooms.append(need - 1)
         assert step._state_would_spill(opt)
         rooms.append(need)
         assert not step._state_would_spill(opt)
-    opt.step()  # SGD without momentum keeps no tensors: its state stays empty
+    rooms.append(0)
+    assert not step._state_would_spill(torch.optim.SGD([p], lr=0.1))  # keeps no tensors
     adam = torch.optim.AdamW([p])
     adam.step()
-    rooms.append(0)
     assert not step._state_would_spill(adam)  # made already
+
+
+@pytest.mark.parametrize(("kind", "group", "copies"), [
+    ("SGD", {"momentum": 0}, 0), ("SGD", {"momentum": 0.9}, 1), ("Adam", {}, 2),
+    ("AdamW", {"amsgrad": True}, 3), ("RMSprop", {"momentum": 0.9, "centered": True}, 3),
+    ("RMSprop", {"momentum": 0, "centered": False}, 1), ("Adagrad", {}, 1),
+    ("Adadelta", {}, 2), ("NAdam", {}, 2)])
+def test_state_copies_are_the_tensors_each_kind_keeps_per_parameter(kind, group, copies):
+    assert step._state_copies(kind, group) == copies
 
 
 def test_gradients_sent_down_come_back_to_the_device_for_a_device_step(watching, hooks):

@@ -199,16 +199,28 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
     opt.param_groups = [{**g, "params": []} for g in opt.param_groups]  # the device step: none
 
 
+def _state_copies(kind: str, group: dict) -> int:
+    """How many tensors of a parameter's size the optimizer keeps for it (KINDS)."""
+    if kind == "SGD":
+        return 1 if group.get("momentum") else 0
+    if kind in ("Adam", "AdamW"):
+        return 3 if group.get("amsgrad") else 2
+    if kind == "RMSprop":
+        return 1 + bool(group.get("momentum")) + bool(group.get("centered"))
+    return 1 if kind == "Adagrad" else 2  # Adadelta, Adamax, NAdam, RAdam
+
+
 def _state_would_spill(opt: torch.optim.Optimizer) -> bool:
     """Whether the state a device step is yet to make (Adam's two moments: twice its
-    parameters; SGD's and Adagrad's one: once) is more than PyTorch has room for on the GPU."""
-    factor = 1 if type(opt).__name__ in ("SGD", "Adagrad") else 2
-    params = [p for g in opt.param_groups for p in g["params"]
-              if p.grad is not None and not opt.state.get(p)]
-    if not params:
-        return False
-    need = factor * sum(p.numel() * p.element_size() for p in params)
-    return _managed().device_room(params[0].device.index) < need
+    parameters) is more than PyTorch has room for on the GPU."""
+    need, device = 0, None
+    for g in opt.param_groups:
+        copies = _state_copies(type(opt).__name__, g)
+        for p in g["params"]:
+            if p.grad is not None and not opt.state.get(p):
+                need += copies * p.numel() * p.element_size()
+                device = p.device
+    return device is not None and need > 0 and _managed().device_room(device.index) < need
 
 
 def _after_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
