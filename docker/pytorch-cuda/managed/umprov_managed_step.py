@@ -94,7 +94,8 @@ def _before_forward(module: torch.nn.Module, args: tuple) -> None:
     """Until backward first runs, each module's parameters are watched at its forward, so
     gradients go down from the first backward that spills rather than from the first step:
     host pages a gradient touches in the reservoir stay with the process after it is freed
-    (docs/managed-memory.md, run H). Nothing goes down until the job spills."""
+    (docs/managed-memory.md, run H). Nothing goes down until the job spills or the GPU is
+    nearly full."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return  # inference; or traced by torch.compile, where hooks made would break graphs
     for p in module.parameters(recurse=False):
@@ -470,12 +471,12 @@ class GradsDown:
                 or grad.is_sparse or grad.dtype != p.dtype or grad.shape != p.shape
                 or not grad.is_contiguous()):
             return  # in the view already, or not plain
+        if self.waiting and not _grads_down_wanted():  # torch.distributed since the forward
+            return
         if _in_reservoir(grad):  # spilled: the step reads it there; the next ones go down
             self.waiting = False
             return
         if self.waiting:
-            if not _grads_down_wanted():  # torch.distributed since the first forward
-                return
             if not (_spilling() or self._nearly_full(grad.device)):
                 return
             self.waiting = False
