@@ -113,6 +113,7 @@ def case_first_steps() -> dict:
     for _ in range(3):
         loss = m(x).square().mean()
         loss.backward()
+        umprov_managed.spilled()  # the peak: gradients in the reservoir are freed by zero_grad
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))

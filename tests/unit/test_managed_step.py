@@ -881,23 +881,31 @@ def test_gradients_down_without_a_spill_step_on_the_host_where_the_state_has_no_
     assert (hooks.host_steps == 1) is host_step and watching.rooms_read == 1
 
 
-def test_the_state_a_device_step_would_make_is_what_has_to_fit(monkeypatch):
+def test_what_a_first_device_step_would_make_is_what_has_to_fit(monkeypatch):
+    """Its state, the unfused step's temporaries and the gradients that come back from the
+    host: 4-float parameters, 16 bytes each."""
     rooms: list[int] = []
     monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
         device_room=lambda device: rooms[-1]))
-    p, q = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2))
+    p, q = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
     p.grad, q.grad = torch.ones(4), None  # q has no gradient: no state this step
-    for kind, need in ((torch.optim.AdamW, 32), (torch.optim.SGD, 16)):
-        opt = kind([p, q], lr=0.1, **({"momentum": 0.9} if kind is torch.optim.SGD else {}))
+    nothing_down = SimpleNamespace(host_of=lambda p: None)
+    p_down = SimpleNamespace(host_of=lambda t: t if t is p else None)
+    for opt, early, need in (
+            (torch.optim.AdamW([p, q]), nothing_down, 48),  # 2 moments + 1 temporary
+            (torch.optim.AdamW([p, q], fused=True), nothing_down, 32),
+            (torch.optim.AdamW([p, q]), p_down, 64),  # and p's gradient back from the host
+            (torch.optim.SGD([p, q], lr=0.1, momentum=0.9), nothing_down, 32),
+            (torch.optim.Adadelta([p, q]), nothing_down, 64)):
         rooms.append(need - 1)
-        assert step._state_would_spill(opt)
+        assert step._state_would_spill(opt, early), (opt, need)
         rooms.append(need)
-        assert not step._state_would_spill(opt)
+        assert not step._state_would_spill(opt, early), (opt, need)
     rooms.append(0)
-    assert not step._state_would_spill(torch.optim.SGD([p], lr=0.1))  # keeps no tensors
+    assert not step._state_would_spill(torch.optim.SGD([p], lr=0.1), nothing_down)  # no state
     adam = torch.optim.AdamW([p])
     adam.step()
-    assert not step._state_would_spill(adam)  # made already
+    assert not step._state_would_spill(adam, nothing_down)  # made already
 
 
 @pytest.mark.parametrize(("kind", "group", "copies"), [

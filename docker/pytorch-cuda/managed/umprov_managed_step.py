@@ -185,7 +185,7 @@ def _before_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         # Gradients that went down kept backward out of the reservoir; a device step whose new
         # state has no room would put it there instead (and its host pages stay taken).
         spilling = spilling or (early is not None and not early.waiting
-                                and _state_would_spill(opt))
+                                and _state_would_spill(opt, early))
         if mode == "0" or not eligible(opt, args, kwargs) or (mode != "1" and not spilling):
             if early is not None:
                 early.release()
@@ -211,17 +211,27 @@ def _state_copies(kind: str, group: dict) -> int:
     return 1 if kind == "Adagrad" else 2  # Adadelta, Adamax, NAdam, RAdam
 
 
-def _state_would_spill(opt: torch.optim.Optimizer) -> bool:
-    """Whether the state a device step is yet to make (Adam's two moments: twice its
-    parameters) is more than PyTorch has room for on the GPU."""
+def _state_would_spill(opt: torch.optim.Optimizer, early: GradsDown) -> bool:
+    """Whether what a first device step would make on the GPU is more than PyTorch has room
+    for there: its state (Adam's two moments: twice its parameters), the unfused step's
+    temporaries (about one more, two for Adadelta), and the gradients ``early`` sent down,
+    which come back for it."""
     need, device = 0, None
+    kind = type(opt).__name__
     for g in opt.param_groups:
-        copies = _state_copies(type(opt).__name__, g)
+        copies = _state_copies(kind, g)
+        made = copies + (0 if g.get("fused") else 2 if kind == "Adadelta" else 1)
         for p in g["params"]:
-            if p.grad is not None and not opt.state.get(p):
-                need += copies * p.numel() * p.element_size()
+            if p.grad is None:
+                continue
+            nbytes = p.numel() * p.element_size()
+            if not opt.state.get(p) and copies:
+                need += made * nbytes
                 device = p.device
-    return device is not None and need > 0 and _managed().device_room(device.index) < need
+            if early.host_of(p) is not None:
+                need += nbytes
+                device = p.device
+    return device is not None and _managed().device_room(device.index) < need
 
 
 def _after_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
