@@ -50,7 +50,7 @@ for s in $stages; do
         expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True peers expandable 170 "$ROWS" ;;
         lag) dir=$(lag_copy) && peers lag 120 "$DOWN" --managed "$dir" ;;
         gputests)
-            timeout 290 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
+            timeout 330 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
                 tests/gpu/test_managed_compat_gpu.py tests/gpu/test_managed_allocator_gpu.py \
                 > "$out/gputests.txt" 2>&1
             echo "gputests rc=$?"
