@@ -258,11 +258,11 @@ class HostStep:
         self.fused = "cpu" in _get_fused_kernels_supported_devices()
         own = [p for g in opt.param_groups for p in g["params"]
                if p.requires_grad and p.is_leaf and p.device == self.device]
-        if early is not None and (early.device not in (None, self.device)
-                                  or not _grads_down_wanted()):
+        wanted = _grads_down_wanted()
+        if early is not None and (not wanted or early.device not in (None, self.device)):
             early.release()  # another GPU's parameters, or distributed since the forward
             early = None
-        if _grads_down_wanted():
+        if wanted:
             self.grads_down = early if early is not None else GradsDown([], self.down)
             self.grads_down.waiting = False
             mine = {id(p) for p in own}
@@ -456,14 +456,12 @@ class GradsDown:
         """For a device step from here on (every parameter's, or ``params``'): hooks gone, and
         each ``.grad`` that is a host view becomes device memory again, so the step and later
         backwards (``zero_grad`` that keeps tensors) do not read and write it across the bus."""
-        if params is None:
-            self.detach()
-        for p in params or []:
-            handle = self.handles.pop(p, None)
-            if handle is not None:
-                handle.remove()
+        chosen = list({**self.handles, **self.alias}) if params is None else params
         with torch.no_grad():
-            for p in list(self.alias) if params is None else params:
+            for p in chosen:
+                handle = self.handles.pop(p, None)
+                if handle is not None:
+                    handle.remove()
                 alias = self.alias.pop(p, None)
                 self.host.pop(p, None)
                 if alias is not None and p.grad is not None and (
