@@ -553,7 +553,7 @@ def test_host_step_0_steps_on_the_device(hooks, monkeypatch):
 def test_spilling_is_live_bytes_in_the_reservoir_read_at_most_once_a_recheck(monkeypatch):
     live, clock = [0], [100.0]
     monkeypatch.setattr(step._managed(), "spilled", lambda: live[0])
-    monkeypatch.setattr(step.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(step, "_seen", {"at": -step.RECHECK, "spilling": False})
     assert not step._spilling()
     live[0] = 4096
@@ -841,11 +841,14 @@ def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_of_room_read_now_a
         device_room=lambda device: reads.append(device) or room))
     monkeypatch.setattr(step.torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=total))
+    clock = [100.0]  # the test's own clock: a busy machine must not pass ROOM_RECHECK for it
+    monkeypatch.setattr(step, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     down = step.GradsDown([], FakeStream("down", []))
     gpu = torch.device("cuda", 1)
     assert down._nearly_full(gpu) is full
+    clock[0] += step.ROOM_RECHECK / 2
     assert down._nearly_full(gpu) is False and reads == [1]  # not again within ROOM_RECHECK
-    down.room_checked -= step.ROOM_RECHECK
+    clock[0] += step.ROOM_RECHECK
     assert down._nearly_full(gpu) is full and reads == [1, 1]
 
 
