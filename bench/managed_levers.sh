@@ -2,17 +2,22 @@
 # Issue 36's open measurements, each a stage with its own time limit, so one lease (600 s a
 # call) runs what it can and keeps what it got (bench/README.md, "Open measurements").
 #
-#   bench/managed_levers.sh [early] [homes] [discard] [expandable] [lag] [gputests]   # default: all
+#   bench/managed_levers.sh [STAGE ...]   # default: all, in this order
+#
+# early, homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
+# momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left, where torchao's offload
+# keeps too much on the GPU to run; discard; gputests.
 #
 # On the GPU host, from the repository root, with torchao's wheel carried in .whl/. Results in
 # $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's
 # row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
 set -u
-stages=${*:-early homes discard expandable lag gputests}
+ALL="early homes discard expandable lag optims mlp tight gputests"
+stages=${*:-$ALL}
 for s in $stages; do
-    case $s in
-        early | homes | discard | expandable | lag | gputests) ;;
-        *) echo "managed_levers.sh: unknown stage '$s' (early homes discard expandable lag gputests)" >&2
+    case " $ALL " in
+        *" $s "*) ;;
+        *) echo "managed_levers.sh: unknown stage '$s' ($ALL)" >&2
            exit 2 ;;
     esac
 done
@@ -39,6 +44,8 @@ lag_copy() {  # the managed modules with gradients down holding 1 GiB in flight 
 ROWS=pool:adamw:fp32,pool_grads_down:adamw:fp32,torchao:adamw:fp32
 DOWN=pool_grads_down:adamw:fp32,torchao:adamw:fp32
 FITS=fit:default,fit:pool,fit:pool_grads_down
+OPTIMS=pool_grads_down:adamw_fused:fp32,torchao:adamw_fused:fp32,pool_grads_down:sgd:fp32
+OPTIMS=$OPTIMS,torchao:sgd:fp32,pool_grads_down:adamw:bf16,torchao:adamw:bf16
 for s in $stages; do
     case $s in
         early) peers early 240 "$ROWS,$FITS" ;;
@@ -49,6 +56,9 @@ for s in $stages; do
             tail -8 "$out/discard.txt" ;;
         expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True peers expandable 170 "$ROWS" ;;
         lag) dir=$(lag_copy) && peers lag 120 "$DOWN" --managed "$dir" ;;
+        optims) peers optims 300 "$OPTIMS" ;;
+        mlp) peers mlp 240 "$ROWS,$FITS" --model mlp --layers 6 ;;
+        tight) peers tight 200 "$DOWN" --left-gib 9 ;;
         gputests)
             timeout 330 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
                 tests/gpu/test_managed_compat_gpu.py tests/gpu/test_managed_allocator_gpu.py \

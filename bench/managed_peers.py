@@ -1,12 +1,15 @@
 """umprov's pool against the offload tools people pick instead, past the GPU's memory (#36).
 
-    python3 bench/managed_peers.py [--left-gib 15.5] [--layers 15] [--steps 6] [--only NAME,...]
+    python3 bench/managed_peers.py [--model transformer|mlp] [--left-gib 15.5] [--layers 15]
+        [--steps 6] [--only NAME,...]
 
 A neighbour process that is not torch (CuPy) holds all of the GPU but ``--left-gib``; then
 each run trains in a child of its own (an allocator is chosen at a process's start): a stack
 of ``nn.TransformerEncoderLayer(4096, 32 heads, ff 16384, dropout 0)``, batch 2 x 512 tokens,
-the median step after the first, the user's code the same for every run but the peers' own
-wrapping:
+or (``--model mlp``) a stack of MLP blocks ``Linear(8192, 32768), GELU, Linear(32768, 8192)``
+on 2048 tokens (537 M parameters a block: weights dominate and activations are small, so every
+design is bound by moving parameters and gradients); the median step after the first, the
+user's code the same for every run but the peers' own wrapping:
 
 - default: PyTorch's allocator (out of memory past the GPU's memory: the contrast);
 - pool: ``UMPROV_MANAGED_MEMORY=1`` (the image's hook), the optimizer as written;
@@ -17,8 +20,9 @@ wrapping:
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 
-Also a size that fits (2 layers: default against pool) and the loss curve of the host step
-against the same model trained in device memory (2 layers, 20 steps, the host step forced).
+Also a size that fits (2 layers, 1 MLP block: default against pool) and the loss curve of the
+host step against the same model trained in device memory (that size, 20 steps, the host step
+forced).
 Every figure against the others of the same run; the pinned host-to-device rate measured here.
 Safety: the pool never asks for more managed memory than the GPU had free (its reservoir is
 ``--left-gib``, kept on the host); the spilled working set is checked against the host's
@@ -65,13 +69,10 @@ def child(run: dict) -> dict:
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    layers = [torch.nn.TransformerEncoderLayer(4096, 32, 16384, dropout=0.0, batch_first=True)
-              for _ in range(run["layers"])]
     try:
-        model = torch.nn.Sequential(*layers).to(dev)
+        model = build_model(torch, run).to(dev)
         opt = optimizer(torch, model, run)
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randn(2, 512, 4096, generator=gen).to(dev)
+        x = batch(torch, run).to(dev)
         times, losses, phases, placement, churn = [], [], [], [], []
         for _ in range(run["steps"]):
             torch.cuda.synchronize()
@@ -109,6 +110,30 @@ def child(run: dict) -> dict:
         out["host_step"] = "_umprov_host" in opt.__dict__
         out["where_gib"] = out_where
     return out
+
+
+# parameters a layer (block) of each model, for the host-memory check before any run
+PARAMS_PER_LAYER = {"transformer": 201_379_840, "mlp": 536_911_872}
+
+
+def build_model(torch, run: dict):  # noqa: ANN001, ANN201 - the child's torch
+    """The run's model on the CPU: ``run["layers"]`` layers of ``run["model"]``."""
+    if run.get("model", "transformer") == "mlp":
+        blocks = [torch.nn.Sequential(torch.nn.Linear(8192, 32768), torch.nn.GELU(),
+                                      torch.nn.Linear(32768, 8192))
+                  for _ in range(run["layers"])]
+    else:
+        blocks = [torch.nn.TransformerEncoderLayer(4096, 32, 16384, dropout=0.0,
+                                                   batch_first=True)
+                  for _ in range(run["layers"])]
+    return torch.nn.Sequential(*blocks)
+
+
+def batch(torch, run: dict):  # noqa: ANN001, ANN201 - the child's torch
+    """The one batch every step trains on, the same for every run of a model (seeded)."""
+    gen = torch.Generator().manual_seed(1)
+    shape = (2048, 8192) if run.get("model", "transformer") == "mlp" else (2, 512, 4096)
+    return torch.randn(*shape, generator=gen)
 
 
 COUNTS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
@@ -206,16 +231,18 @@ def run_child(library: Path, managed: Path, timeout: float, reservoir_gib: float
 
 
 def plan(args: argparse.Namespace) -> list[dict]:
-    big = {"layers": args.layers, "steps": args.steps}
+    big = {"layers": args.layers, "steps": args.steps, "model": args.model}
     runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
             for dtype, optim, hows in (
                 ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_down", "pool",
                                    "torchao", "fsdp2")),
-                ("fp32", "adamw_fused", ("pool", "torchao")),
-                ("fp32", "sgd", ("pool_gpu_step", "pool", "torchao")),
-                ("bf16", "adamw", ("pool", "torchao", "fsdp2")))
+                ("fp32", "adamw_fused", ("pool", "pool_grads_down", "torchao")),
+                ("fp32", "sgd", ("pool_gpu_step", "pool", "pool_grads_down", "torchao")),
+                ("bf16", "adamw", ("pool", "pool_grads_down", "torchao", "fsdp2")))
             for how in hows]
-    small = {"layers": 2, "optim": "adamw", "dtype": "fp32"}
+    # a size that fits beside the neighbour: 6.2 GiB of transformer, 8.0 GiB of MLP
+    small = {"layers": 1 if args.model == "mlp" else 2, "optim": "adamw", "dtype": "fp32",
+             "model": args.model}
     runs += [{"name": f"fit:{how}", "how": how, "steps": 8, **small}
              for how in ("default", "pool", "pool_grads_down")]
     runs += [{"name": f"curve:{how}", "how": how, "steps": 20, **small}
@@ -224,16 +251,21 @@ def plan(args: argparse.Namespace) -> list[dict]:
     return [r for r in runs if only is None or r["name"] in only or r["how"] in only]
 
 
+def past(run: dict) -> bool:
+    """Whether the run is of the size past the GPU's memory (not a fitting or curve run)."""
+    return not run["name"].startswith(("fit:", "curve:"))
+
+
 def table(results: list[dict], rate: float) -> list[str]:
     by = {r["name"]: r for r in results}
     best_peer = min((step(r) for r in results if r["how"] in ("torchao", "fsdp2")
-                     and r["layers"] > 2 and step(r)), default=None)
+                     and past(r) and step(r)), default=None)
     lines = [f"pinned h2d {rate:.1f} GB/s", "run | step s | x best peer | GPU peak GiB | "
              "host peak GiB | spilled GiB"]
     for r in results:
         s = step(r)
         spilled = (r.get("pool") or {}).get("peak_spilled", 0) / GIB
-        ratio = f"{s / best_peer:.2f}" if s and best_peer and r["layers"] > 2 else ""
+        ratio = f"{s / best_peer:.2f}" if s and best_peer and past(r) else ""
         what = r.get("oom") and "out of memory" or r.get("error", "")[:60]
         lines.append(f"{r['name']} | {s and round(s, 3) or what} | {ratio} | "
                      f"{r.get('gpu_peak_gib', 0):.1f} | {r.get('host_peak_gib', 0):.1f} | "
@@ -252,6 +284,7 @@ def table(results: list[dict], rate: float) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child")
+    ap.add_argument("--model", choices=sorted(PARAMS_PER_LAYER), default="transformer")
     ap.add_argument("--left-gib", type=float, default=15.5)
     ap.add_argument("--layers", type=int, default=15)
     ap.add_argument("--steps", type=int, default=6)
@@ -267,7 +300,7 @@ def main() -> int:
         return 0
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     available = int(next(ln.split()[1] for ln in meminfo if ln.startswith("MemAvailable")))
-    working = args.layers * 201e6 * 16  # weights, gradients, two moments (fp32)
+    working = args.layers * PARAMS_PER_LAYER[args.model] * 16  # weights, grads, 2 moments
     if working * 1.5 > available * 1024:
         raise SystemExit("not enough host memory for the working set and its host copies")
     rate = pinned_h2d()
@@ -290,7 +323,8 @@ def main() -> int:
     lines = table(results, rate)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "managed_peers.json").write_text(json.dumps(
-        {"pinned_h2d_gbs": rate, "left_gib": args.left_gib, "managed": str(args.managed),
+        {"pinned_h2d_gbs": rate, "left_gib": args.left_gib, "model": args.model,
+         "managed": str(args.managed),
          "alloc_conf": {n: os.environ[n] for n in ("PYTORCH_CUDA_ALLOC_CONF",
                                                    "PYTORCH_ALLOC_CONF") if n in os.environ},
          "results": results,

@@ -38,7 +38,8 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
     run = levers(env, "homes", "expandible")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "managed_levers.sh: unknown stage 'expandible' (early homes discard expandable lag gputests)"]
+        "managed_levers.sh: unknown stage 'expandible' (early homes discard expandable lag optims "
+        "mlp tight gputests)"]
     assert not out.exists()
 
 
@@ -63,3 +64,18 @@ def test_the_lag_stage_measures_a_copy_with_1_gib_in_flight(recorded):
     assert "\nLAG = 1 << 30" in step
     original = (REPO / "docker/pytorch-cuda/managed/umprov_managed_step.py").read_text()
     assert step.replace("LAG = 1 << 30", "LAG = 256 << 20", 1) == original
+
+
+def test_the_optimizer_mlp_and_tight_stages_run_their_own_rows_and_sizes(recorded):
+    env, out = recorded
+    run = levers(env, "optims", "mlp", "tight")
+    assert run.returncode == 0, run.stderr
+    optims = (out / "optims.txt").read_text().split()
+    rows = optims[optims.index("--only") + 1].split(",")
+    assert {r.split(":", 1)[1] for r in rows} == {"adamw_fused:fp32", "sgd:fp32", "adamw:bf16"}
+    assert {r.split(":")[0] for r in rows} == {"pool_grads_down", "torchao"}
+    mlp = (out / "mlp.txt").read_text().split()
+    assert mlp[mlp.index("--model") + 1] == "mlp" and "fit:default" in mlp[mlp.index("--only") + 1]
+    tight = (out / "tight.txt").read_text().split()
+    left = [tight[i + 1] for i, a in enumerate(tight) if a == "--left-gib"]
+    assert left[-1] == "9"  # the last one is the one argparse keeps

@@ -50,3 +50,64 @@ def test_allocator_counts_reads_the_slow_paths_and_zero_for_names_a_torch_lacks(
     assert managed_peers.allocator_counts(torch) == {
         "num_alloc_retries": 3, "num_ooms": 0, "num_sync_all_streams": 0,
         "num_device_alloc": 7, "num_device_free": 0}
+
+
+def plan(*argv: str) -> list[dict]:
+    args = SimpleNamespace(layers=15, steps=5, model="transformer", only="")
+    for key, value in zip(argv[::2], argv[1::2], strict=True):
+        setattr(args, key, value)
+    return managed_peers.plan(args)
+
+
+def test_every_optimizer_row_has_gradients_down_beside_torchao():
+    names = {r["name"] for r in plan()}
+    for optim in ("adamw:fp32", "adamw_fused:fp32", "sgd:fp32", "adamw:bf16"):
+        assert {f"pool_grads_down:{optim}", f"torchao:{optim}"} <= names
+
+
+def test_the_mlp_fits_in_one_block_and_the_transformer_in_two():
+    for model, small in (("transformer", 2), ("mlp", 1)):
+        runs = plan("model", model, "only", "fit:default,curve:default,torchao:adamw:fp32")
+        assert {r["model"] for r in runs} == {model}
+        sizes = {r["name"]: r["layers"] for r in runs}
+        assert sizes == {"fit:default": small, "curve:default": small, "torchao:adamw:fp32": 15}
+        # what fits beside the bench's neighbour (16 GiB left) with room for activations
+        assert small * managed_peers.PARAMS_PER_LAYER[model] * 16 < 9 << 30
+
+
+class Recording:
+    """The few torch.nn classes build_model uses, recording their shapes."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple] = []
+        self.nn = SimpleNamespace(Linear=self.make("Linear"), GELU=self.make("GELU"),
+                                  TransformerEncoderLayer=self.make("Encoder"),
+                                  Sequential=lambda *parts: list(parts))
+
+    def make(self, kind: str):
+        def build(*args, **kwargs):
+            self.made.append((kind, *args))
+            return kind
+        return build
+
+
+def test_the_models_are_the_issues_transformer_and_an_mlp_of_8192_by_32768():
+    fake = Recording()
+    assert managed_peers.build_model(fake, {"model": "mlp", "layers": 2}) == [
+        ["Linear", "GELU", "Linear"]] * 2
+    assert fake.made[:3] == [("Linear", 8192, 32768), ("GELU",), ("Linear", 32768, 8192)]
+    fake = Recording()
+    assert managed_peers.build_model(fake, {"layers": 3}) == ["Encoder"] * 3  # the default
+    assert fake.made[0] == ("Encoder", 4096, 32, 16384)
+    layer = torch.nn.TransformerEncoderLayer(4096, 32, 16384, dropout=0.0, batch_first=True,
+                                             device="meta")
+    assert sum(p.numel() for p in layer.parameters()) == managed_peers.PARAMS_PER_LAYER[
+        "transformer"]
+    assert managed_peers.PARAMS_PER_LAYER["mlp"] == 2 * 8192 * 32768 + 32768 + 8192
+
+
+def test_each_model_trains_on_one_seeded_batch_of_its_shape():
+    mlp = managed_peers.batch(torch, {"model": "mlp"})
+    assert mlp.shape == (2048, 8192) and torch.equal(mlp, managed_peers.batch(torch, {
+        "model": "mlp"}))
+    assert managed_peers.batch(torch, {}).shape == (2, 512, 4096)
