@@ -378,3 +378,29 @@ def test_hosts_is_an_alias_of_limit():
 
     limit = next(p for p in verify.params if p.name == "limit")
     assert {"--limit", "-l", "--hosts"} <= set(limit.opts)
+
+
+@pytest.mark.parametrize(("error", "written"), [
+    ("Unreachable", "did not join: unreachable: c: boom"),
+    ("TrustError", "did not join: untrusted: c: boom"),
+    ("AuthFailed", "did not join: c: boom"),  # a refused login is no unreachable host
+    ("EngineDown", "did not join: c: boom")])
+def test_a_host_that_cannot_be_connected_is_written_as_verify_writes_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: str, written: str) -> None:
+    import umprov.errors
+    import umprov.hosts.engine
+    from umprov.verify import multinode
+
+    fake_fleet(monkeypatch, tmp_path, down=set())
+    reachable = umprov.hosts.engine.docker_client
+
+    def client(host: EngineHost, **kw: object) -> object:
+        if host.name == "c":
+            raise getattr(umprov.errors, error)("c: boom")
+        return reachable(host, **kw)
+
+    monkeypatch.setattr(umprov.hosts.engine, "docker_client", client)
+    monkeypatch.setattr(multinode, "_launch_all", lambda *a, **k: None)
+    docs = multinode.verify_multinode([EngineHost("a"), EngineHost("c")],
+                                      MultiNodeOptions(backend="gloo", timeout=5))
+    assert _checks({d["host"]: d for d in docs}["c"])["multinode.join"]["detail"] == written

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from umprov.errors import ConfigError, TrustError, UmprovError
+from umprov.errors import ConfigError, UmprovError
 from umprov.hosts import is_loopback
 from umprov.hosts.engine import engine_error, exec_in, start_throwaway, tar_files, throwaway
 from umprov.hosts.fanout import settle
@@ -48,7 +48,7 @@ from umprov.inventory import flag
 from umprov.verify.agent.runner import MULTICAST_OFF
 from umprov.verify.bundle import AGENT_NAME
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
-from umprov.verify.report import UNREACHABLE, UNTRUSTED
+from umprov.verify.report import connect_failure
 
 LABEL = "org.umprov.multinode"
 START_WAIT_S = 60.0  # cleanup waits this long for a container start under way
@@ -312,10 +312,9 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
         progress(name, "connecting")
         st.client = docker_client(st.host, trust_new=opts.trust_new, timeout=opts.timeout)
         st.client.ping()
-    except TrustError as exc:  # an unknown or changed key: exit 6, as in every command
-        return _failed(st, "connect", f"{UNTRUSTED}{exc}", "config")
-    except UmprovError as exc:
-        return _failed(st, "connect", f"{UNREACHABLE}{exc}", "config")
+    except UmprovError as exc:  # written as verify writes it; the host did not join: exit 13
+        _state, detail, hint = connect_failure(exc)
+        return _failed(st, "connect", detail, hint)
     except Exception as exc:  # the engine is down or refuses: the host cannot join
         return _failed(st, "connect", "Docker unreachable: "
                        f"{engine_error(exc, named=True)}", "config")

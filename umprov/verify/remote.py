@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umprov.errors import Cancelled, TrustError, UmprovError, Unreachable
+from umprov.errors import Cancelled, UmprovError
 from umprov.hosts.engine import exec_in, start_throwaway, tar_files, throwaway, untar_one
 from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.progress import Progress, quiet
 from umprov.verify.bundle import AGENT_NAME, agent_zipapp
-from umprov.verify.report import UNREACHABLE, UNTRUSTED, checked, failed_host_report
+from umprov.verify.report import UNREACHABLE, checked, connect_failure, failed_host_report
 
 
 def run_agent_in_container(
@@ -232,17 +232,10 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
                                          cancel=cancel)
         progress(host.name, f"{doc['verdict']} ({doc['wall_s']:.0f} s)")
         return doc
-    except Unreachable as exc:  # before or during the run (the host lost: no reconnect)
-        progress(host.name, "unreachable")
-        return failed_host_report(host.name, "agent.connect", f"{UNREACHABLE}{exc}", mode=mode)
-    except TrustError as exc:
-        progress(host.name, "untrusted")
-        return failed_host_report(host.name, "agent.connect", f"{UNTRUSTED}{exc}",
-                                  hint="config", mode=mode)
-    except UmprovError as exc:
-        progress(host.name, "failed")
-        return failed_host_report(host.name, "agent.connect", str(exc), hint="config",
-                                  mode=mode)
+    except UmprovError as exc:  # unreachable before or during the run (no reconnect), ...
+        state, detail, hint = connect_failure(exc)
+        progress(host.name, state)
+        return failed_host_report(host.name, "agent.connect", detail, hint=hint, mode=mode)
     except Exception as exc:  # one host's Docker trouble is its report, not the run's crash
         text = " ".join(str(exc).split())[:300]
         if client is not None and connection_lost(client, exc):

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from umprov.errors import ExitCode
+from umprov.errors import ExitCode, TrustError, UmprovError, Unreachable
 from umprov.hosts.results import HostOutcome
 from umprov.hosts.results import exit_code as outcomes_exit_code
 from umprov.verify.agent.busbw import size_text
@@ -69,6 +69,17 @@ UNREACHABLE = "unreachable: "
 
 # ... and a host whose SSH key is unknown or changed (exit 6, as in every command).
 UNTRUSTED = "untrusted: "
+
+
+def connect_failure(exc: UmprovError) -> tuple[str, str, str]:
+    """How a host whose connection failed is written: its progress state, the failing
+    record's detail and hint. Only Unreachable is unreachable (exit 11) and only TrustError
+    untrusted (exit 6); a refused login or a stopped engine fails as any other error."""
+    if isinstance(exc, Unreachable):
+        return "unreachable", f"{UNREACHABLE}{exc}", "investigate"
+    if isinstance(exc, TrustError):
+        return "untrusted", f"{UNTRUSTED}{exc}", "config"
+    return "failed", str(exc), "config"
 
 
 def unreachable(doc: Mapping[str, Any], prefix: str = UNREACHABLE) -> bool:
