@@ -415,9 +415,13 @@ def test_a_budget_caps_torchs_own_memory_with_the_reservoir_counted_in(reservoir
     assert reservoir.log[-1] == ("fraction", want / (80 << 30), 0)
 
 
-def test_a_budget_past_the_gpu_with_the_reservoir_names_both(reservoir):
-    reservoir.state["budget"] = 78 << 30
-    with pytest.raises(RuntimeError, match="UMPROV_MANAGED_BUDGET=.*lower UMPROV_MANAGED_RES"):
+def test_a_budget_past_the_gpu_with_the_reservoir_names_the_reservoir_that_fits(reservoir):
+    reservoir.state["budget"] = 78 << 30  # 80 GiB GPU, 4 GiB reservoir + 256 MiB of blocks
+    with pytest.raises(RuntimeError, match=r"UMPROV_MANAGED_BUDGET=.* MiB \(PyTorch counts the "
+                       r"reservoir in\): set UMPROV_MANAGED_RESERVOIR=1792m or less$"):
+        reservoir.managed._fill(reservoir.torch, 0)
+    reservoir.state["budget"] = (80 << 30) - 400 * MIB  # no reservoir worth having beside it
+    with pytest.raises(RuntimeError, match="lower UMPROV_MANAGED_BUDGET$"):
         reservoir.managed._fill(reservoir.torch, 0)
 
 

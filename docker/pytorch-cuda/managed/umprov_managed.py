@@ -276,9 +276,12 @@ def _budget_fraction(torch: Any, device: int, size: int) -> float | None:
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = (_state["budget"] + size) / total
     if fraction > 1:
+        room = total - _state["budget"] - (SMALL << 20)
+        fix = (f"set UMPROV_MANAGED_RESERVOIR={room >> 20}m or less" if room >= MIN_RESERVOIR
+               else "lower UMPROV_MANAGED_BUDGET")
         raise RuntimeError(f"UMPROV_MANAGED_BUDGET={_state['budget']} with a reservoir of "
-                           f"{size >> 20} MiB is more than the GPU's {total >> 20} MiB: "
-                           "lower UMPROV_MANAGED_RESERVOIR")
+                           f"{size >> 20} MiB is more than the GPU's {total >> 20} MiB "
+                           f"(PyTorch counts the reservoir in): {fix}")
     return fraction
 
 

@@ -81,9 +81,13 @@ def fraction_with(torch: Any, device: int, fraction: float, reservoir: int) -> f
     total = torch.cuda.get_device_properties(device).total_memory
     wanted = fraction + reservoir / total
     if wanted > 1:
+        room = max(total - reservoir, 0) >> 20
         print(f"umprov managed memory: a memory fraction of {fraction} and the reservoir's "
-              f"{reservoir >> 20} MiB pass GPU {device}'s memory: device memory is capped at "
-              f"{(total - reservoir) >> 20} MiB (UMPROV_MANAGED_RESERVOIR)", file=sys.stderr)
+              f"{reservoir >> 20} MiB pass GPU {device}'s {total >> 20} MiB (PyTorch counts "
+              f"the reservoir in): device memory is capped at {room} MiB"
+              f"{', so the job runs from host memory' if room == 0 else ''}; "
+              f"UMPROV_MANAGED_RESERVOIR={int((1 - fraction) * total) >> 20}m or less keeps "
+              "the fraction", file=sys.stderr)
     return min(wanted, 1.0)
 
 
