@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from umprov.deploy.options import DEFAULT_NAME
 from umprov.deploy.spec import LABEL, MANAGED_VARIABLE, POOL_LABEL
 from umprov.deploy.state import load_connection, token_path
 from umprov.errors import ConfigError, TrustError, UmprovError
@@ -21,6 +20,7 @@ from umprov.hosts import render
 from umprov.hosts.engine import exec_in, one_line
 from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.results import HostOutcome
+from umprov.inventory import deployed_container
 
 # One shell line on the host; each probe prints KEY=VALUE and never fails the whole line.
 _HOST_PROBE = (
@@ -55,7 +55,7 @@ def host_status(host: Any, container_name: str | None, trust_new: bool) -> HostO
     from umprov.hosts.engine import docker_client
     from umprov.hosts.ssh import connect
 
-    name = container_name or str((host.vars or {}).get("umprov_container_name") or DEFAULT_NAME)
+    name = container_name or deployed_container(host.vars)
     outcome = HostOutcome(host.name, "unreachable", data={"container": name})
     try:
         ssh = connect(host, trust_new=trust_new)

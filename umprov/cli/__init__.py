@@ -24,7 +24,7 @@ import click
 from umprov import __version__
 from umprov.cli import plugins
 from umprov.cli.plugins import Plugin
-from umprov.errors import ExitCode, Terminated, UmprovError
+from umprov.errors import EnvironmentProblem, ExitCode, Terminated, UmprovError
 
 # name -> "module:attribute"; the order here is the order in --help.
 COMMANDS: dict[str, str] = {
@@ -53,13 +53,12 @@ def _load_plugin(plugin: Plugin) -> click.Command:
     try:
         command = plugin.load()
     except Exception as exc:  # noqa: BLE001 - a broken plugin is a prerequisite problem
-        raise UmprovError(
-            f"the command {plugin.name!r} from {plugin.source} cannot be loaded: {exc}",
-            exit_code=ExitCode.ENVIRONMENT) from None
+        raise EnvironmentProblem(
+            f"the command {plugin.name!r} from {plugin.source} cannot be loaded: {exc}"
+        ) from None
     if not isinstance(command, click.Command):
-        raise UmprovError(
-            f"the command {plugin.name!r} from {plugin.source} is not a Click command",
-            exit_code=ExitCode.ENVIRONMENT)
+        raise EnvironmentProblem(
+            f"the command {plugin.name!r} from {plugin.source} is not a Click command")
     return command
 
 

@@ -18,10 +18,9 @@ from typing import Any
 from umprov.errors import ConfigError, UmprovError
 from umprov.hosts import HostLike, is_loopback
 from umprov.image import DEFAULT_TAG
-from umprov.inventory import check_format, flag
+from umprov.inventory import check_format, deployed_container, flag
 from umprov.inventory.container_env import checked_env, env_problem
 
-DEFAULT_NAME = "umprov"
 DEFAULT_SSH_PORT = 2222
 DEFAULT_JUPYTER_PORT = 8888
 DEFAULT_BIND = "127.0.0.1"
@@ -277,7 +276,7 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     bind = check_bind(opts.bind or str(hv.get("umprov_bind") or DEFAULT_BIND))
     gpus = parse_gpus(opts.gpus or str(hv.get("umprov_gpus") or "all"))
     name = check_container_name(
-        opts.name or str(hv.get("umprov_container_name") or DEFAULT_NAME),
+        opts.name or deployed_container(hv),
         "--name" if opts.name else f"{host.name}: umprov_container_name",
     )
     raise_limits = flag(hv.get("umprov_container_limits"), default=True)

@@ -31,6 +31,7 @@ from umprov.inventory.specs import (
     UMPROV_PREFIX,
     UMPROV_VARIABLES,
     VarSpec,
+    deployed_container,
     flag,
     umprov_prefixes,
     variable_specs,
@@ -39,8 +40,8 @@ from umprov.inventory.vault import Vault, resolve_vault
 
 __all__ = [
     "UMPROV_PREFIX", "UMPROV_VARIABLES", "Host", "Inventory", "InventoryRequest", "VarSpec",
-    "Vault", "check_format", "flag", "is_host_list", "load_inventory", "resolve_source",
-    "resolve_sources", "umprov_prefixes", "value_rules", "variable_specs",
+    "Vault", "check_format", "deployed_container", "flag", "is_host_list", "load_inventory",
+    "resolve_source", "resolve_sources", "umprov_prefixes", "value_rules", "variable_specs",
 ]
 
 

@@ -128,6 +128,14 @@ _TRUE = frozenset({"yes", "true", "1", "on", "y"})
 _FALSE = frozenset({"no", "false", "0", "off", "n"})
 
 
+DEFAULT_CONTAINER = "umprov"
+
+
+def deployed_container(host_vars: Mapping[str, Any] | None) -> str:
+    """The name of the container deploy made on a host (umprov_container_name)."""
+    return str((host_vars or {}).get("umprov_container_name") or DEFAULT_CONTAINER)
+
+
 def flag(value: Any, default: bool) -> bool:
     """A boolean inventory variable: True, "yes", "on"... or ``default`` when unset."""
     if value is None:

@@ -44,7 +44,7 @@ from umprov.hosts import is_loopback
 from umprov.hosts.engine import engine_error, exec_in, start_throwaway, tar_files, throwaway
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress, quiet
-from umprov.inventory import flag
+from umprov.inventory import deployed_container, flag
 from umprov.verify.agent.runner import MULTICAST_OFF
 from umprov.verify.bundle import AGENT_NAME
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
@@ -318,7 +318,7 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
     except Exception as exc:  # the engine is down or refuses: the host cannot join
         return _failed(st, "connect", "Docker unreachable: "
                        f"{engine_error(exc, named=True)}", "config")
-    deployed_name = str(st.run.vars.get("umprov_container_name") or "umprov")
+    deployed_name = deployed_container(st.run.vars)
     try:
         deployed = st.client.containers.get(deployed_name)
     except Exception:

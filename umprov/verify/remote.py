@@ -22,6 +22,7 @@ from umprov.errors import Cancelled, UmprovError
 from umprov.hosts.engine import exec_in, start_throwaway, tar_files, throwaway, untar_one
 from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.progress import Progress, quiet
+from umprov.inventory import deployed_container
 from umprov.verify.bundle import AGENT_NAME, agent_zipapp
 from umprov.verify.report import UNREACHABLE, checked, connect_failure, failed_host_report
 
@@ -215,7 +216,7 @@ def _verify_one(host: Any, opts: VerifyOptions, progress: Progress,
             progress(host.name, f"starting {opts.image}")
             doc = _in_fresh_container(client, host.name, opts, args, cancel)
         else:
-            name = str(hv.get("umprov_container_name") or "umprov")
+            name = deployed_container(hv)
             try:
                 container = client.containers.get(name)
             except Exception:
