@@ -13,11 +13,17 @@ import hashlib
 import os
 import tempfile
 import zipapp
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 AGENT_DIR = Path(__file__).with_name("agent")
 AGENT_NAME = "agent.pyz"  # its name where it is copied (containers, the multi-node workdir)
 PACKAGE = "umprov_agent"
+# A shell line that sets $PY to the container's Python, or exits NO_PYTHON without one.
+NO_PYTHON = 98
+FIND_PYTHON = ("PY=$(command -v python3 || command -v python) || "
+               f"{{ echo 'no python in the container'; exit {NO_PYTHON}; }}")
 MAIN = f"import sys\n\nfrom {PACKAGE}.cli import main\n\nsys.exit(main())\n"
 
 
@@ -64,3 +70,18 @@ def agent_zipapp(source: Path = AGENT_DIR, cache: Path | None = None) -> Path:
             Path(partial).unlink(missing_ok=True)
             raise
     return target
+
+
+def copy_agent(container: Any, workdir: str, extra: Mapping[str, bytes] | None = None
+               ) -> str | None:
+    """Put the agent (as AGENT_NAME) and ``extra`` files into ``workdir`` of a running
+    container (a docker SDK Container); None, or why it could not."""
+    from umprov.hosts.engine import exec_in, tar_files
+
+    rc, out = exec_in(container, ["mkdir", "-p", workdir], 60)
+    if rc != 0:
+        return f"cannot create {workdir}: {out.strip()[:200]}"
+    files = {AGENT_NAME: agent_zipapp().read_bytes(), **(extra or {})}
+    if not container.put_archive(workdir, tar_files(files)):
+        return f"the engine refused the agent's files in {workdir}"
+    return None

@@ -41,12 +41,12 @@ from typing import Any, Protocol
 
 from umprov.errors import ConfigError, UmprovError
 from umprov.hosts import is_loopback
-from umprov.hosts.engine import engine_error, exec_in, start_throwaway, tar_files, throwaway
+from umprov.hosts.engine import engine_error, exec_in, start_throwaway, throwaway
 from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress, quiet
 from umprov.inventory import deployed_container, flag
 from umprov.verify.agent.runner import MULTICAST_OFF
-from umprov.verify.bundle import AGENT_NAME
+from umprov.verify.bundle import AGENT_NAME, FIND_PYTHON, NO_PYTHON, copy_agent
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 from umprov.verify.report import connect_failure
 
@@ -304,7 +304,6 @@ def _failed(st: HostState, stage: str, why: str, hint: str = "investigate") -> N
 
 def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
     from umprov.hosts.engine import docker_client
-    from umprov.verify.bundle import agent_zipapp
 
     t0 = time.monotonic()
     name = st.run.name
@@ -343,17 +342,16 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
     finally:
         st.started.set()
     st.run.container = st.container.name
-    rc, out = exec_in(st.container, ["mkdir", "-p", WORKDIR], 60)
-    worker = json.dumps(opts.worker_opts()).encode()
-    if rc != 0 or not st.container.put_archive(
-            WORKDIR, tar_files({AGENT_NAME: agent_zipapp().read_bytes(), "opts.json": worker})):
-        return _failed(st, "container", f"cannot copy the agent: {out.strip()[:200]}")
-    probe = ("PY=$(command -v python3 || command -v python) || exit 98; echo \"PY=$PY\"; "
+    refused = copy_agent(st.container, WORKDIR, {"opts.json": json.dumps(opts.worker_opts())
+                                                 .encode()})
+    if refused:
+        return _failed(st, "container", f"cannot copy the agent: {refused}")
+    probe = (f"{FIND_PYTHON}; " + "echo \"PY=$PY\"; "
              "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | grep -c '^GPU ' || "
              "echo 0; \"$PY\" " + f"{WORKDIR}/{AGENT_NAME} --net-info")
     rc, out = exec_in(st.container, ["sh", "-c", probe], 60)
-    if rc is None or rc == 98 or not out.strip():
-        return _failed(st, "container", "no python in the image" if rc == 98 else
+    if rc is None or rc == NO_PYTHON or not out.strip():
+        return _failed(st, "container", "no python in the image" if rc == NO_PYTHON else
                        f"the probe did not answer (code {rc})", "config")
     lines = out.strip().splitlines()
     st.python = lines[0].removeprefix("PY=").strip()

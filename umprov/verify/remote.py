@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from umprov.errors import Cancelled, UmprovError
-from umprov.hosts.engine import exec_in, start_throwaway, tar_files, throwaway, untar_one
+from umprov.hosts.engine import exec_in, start_throwaway, throwaway, untar_one
 from umprov.hosts.fanout import Parallel, workers
 from umprov.hosts.progress import Progress, quiet
 from umprov.inventory import deployed_container
-from umprov.verify.bundle import AGENT_NAME, agent_zipapp
+from umprov.verify.bundle import AGENT_NAME, FIND_PYTHON, NO_PYTHON, copy_agent
 from umprov.verify.report import UNREACHABLE, checked, connect_failure, failed_host_report
 
 
@@ -51,16 +51,13 @@ def run_agent_in_container(
     name = host or getattr(container, "name", "container")
     run_id = secrets.token_hex(4)
     workdir = f"/tmp/umprov-verify-{run_id}"  # noqa: S108 (inside the container)
-    files = {AGENT_NAME: agent_zipapp().read_bytes()}
-    agent_args = [*args]
+    files, agent_args = {}, [*args]
     if profile is not None:
         files["profile.json"] = json.dumps(profile).encode()
         agent_args += ["--profile-file", f"{workdir}/profile.json"]
-    rc, out = exec_in(container, ["mkdir", "-p", workdir], 60)
-    if rc != 0:
-        return failed_host_report(name, "agent.copy", f"cannot create {workdir}: {out.strip()}")
-    if not container.put_archive(workdir, tar_files(files)):
-        return failed_host_report(name, "agent.copy", "put_archive refused the agent")
+    refused = copy_agent(container, workdir, files)
+    if refused:
+        return failed_host_report(name, "agent.copy", refused)
     report = f"{workdir}/report.json"
     quoted = " ".join(_sh_quote(a) for a in agent_args)
     limit = int(timeout)
@@ -68,8 +65,7 @@ def run_agent_in_container(
         # The mark names every process of this run; TMPDIR keeps the agent's own scratch
         # folder inside the run's, so both go when the run is ended.
         f"export {RUN_MARK}={run_id} TMPDIR={workdir}; cd {workdir} || exit 97; "
-        "PY=$(command -v python3 || command -v python) || { echo 'no python in the container'; "
-        "exit 98; }; "
+        f"{FIND_PYTHON}; "
         f"T=''; command -v timeout >/dev/null 2>&1 && T='timeout -k 10 {limit}'; "
         f'$T "$PY" {AGENT_NAME} --quiet --json {report} {quoted}'
     )
@@ -78,7 +74,7 @@ def run_agent_in_container(
         if rc is None:
             return failed_host_report(name, "agent.run", f"the agent did not finish within "
                                       f"{timeout:.0f} s", hint="reset", reason="timeout")
-        if rc == 98:
+        if rc == NO_PYTHON:
             return failed_host_report(name, "agent.run", "no python3 or python in the container",
                                       hint="config")
         try:
