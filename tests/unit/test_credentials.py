@@ -127,6 +127,20 @@ def test_crash_log_blanks_extra_vars(tmp_path, umprov_cli, monkeypatch):
     assert f"@{tmp_path / 'vars.yml'}" in text  # a path, not a secret: kept
 
 
+@pytest.mark.parametrize(("argv", "logged"), [
+    (["deploy", "--env", f"TOKEN={BECOME}", f"--env=HF={BECOME}"],
+     ["deploy", "--env", "TOKEN=<redacted>", "--env=HF=<redacted>"]),
+    (["deploy", "--env", "TOKEN"], ["deploy", "--env", "TOKEN"]),  # its value is the shell's
+    (["provision", "-e", f'{{"ansible_become_password": "{BECOME}"}}', "-e", f"a=1 b={BECOME}"],
+     ["provision", "-e", "<redacted>", "-e", "a=<redacted> b=<redacted>"]),
+    (["provision", f"-ekey={BECOME}", "--name", "x=y"],
+     ["provision", "-ekey=<redacted>", "--name", "x=y"])])
+def test_a_crash_log_blanks_every_value_that_may_be_a_secret(argv, logged):
+    from umprov.cli import redacted_argv
+
+    assert redacted_argv(argv) == logged
+
+
 def test_secrets_reach_ansible_playbook_and_nothing_keeps_them(
     project, local_inventory, tmp_path, umprov_cli, monkeypatch
 ):

@@ -176,21 +176,29 @@ def cli() -> None:
     """
 
 
-def redacted_argv(argv: list[str]) -> list[str]:
-    """argv for a crash log: every -e value blanked (KEY=VALUE may carry a password; an @FILE
-    is only a path and stays)."""
+# options whose KEY=VALUE may carry a secret: provision's extra vars, the container's --env
+SECRET_VALUED = ("--extra-vars", "--env")
 
-    def blank(value: str) -> str:
-        key, sep, _ = value.partition("=")
-        return value if value.startswith("@") or not sep else f"{key}=<redacted>"
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """argv for a crash log: every -e/--extra-vars/--env value blanked (KEY=VALUE may carry a
+    password; an @FILE is only a path and stays)."""
+
+    def blank(value: str) -> str:  # KEY=VALUE pairs keep their keys; inline JSON goes whole
+        if value.startswith("@") or ("=" not in value and value[:1] not in "{["):
+            return value  # a file's path, or --env KEY (its value is this shell's)
+        if value.lstrip()[:1] in "{[":
+            return "<redacted>"
+        return " ".join(f"{word.partition('=')[0]}=<redacted>" for word in value.split())
 
     out: list[str] = []
     for arg in argv:
-        if out and out[-1] in ("-e", "--extra-vars"):
+        name, sep, value = arg.partition("=")
+        if out and out[-1] in ("-e", *SECRET_VALUED):
             arg = blank(arg)
-        elif arg.startswith("--extra-vars="):
-            arg = "--extra-vars=" + blank(arg.removeprefix("--extra-vars="))
-        elif arg.startswith("-e") and len(arg) > 2:
+        elif sep and name in SECRET_VALUED:
+            arg = f"{name}={blank(value)}"
+        elif arg.startswith("-e") and not arg.startswith("--") and len(arg) > 2:
             arg = "-e" + blank(arg[2:])
         out.append(arg)
     return out
