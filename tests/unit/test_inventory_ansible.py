@@ -99,6 +99,16 @@ def test_ask_vault_pass_reads_the_terminal(vaulted, umprov_cli):
     assert PASSWORD not in result.stdout + result.stderr
 
 
+def test_ask_vault_pass_with_standard_input_closed_is_one_line_not_an_interrupt(
+        vaulted, umprov_cli):
+    result = umprov_cli("inventory", "check", str(vaulted), "-J", input="")
+    assert result.exit_code == ExitCode.CONFIG, result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "Vault password (default): standard input is not a terminal and ended before a "
+        "password; use --vault-password-file")
+    assert "Warning" not in result.stderr and "interrupted" not in result.stderr
+
+
 def test_missing_vault_password_names_the_file(vaulted, umprov_cli):
     result = umprov_cli("inventory", "check", str(vaulted))
     assert result.exit_code == ExitCode.INVENTORY, result.stderr

@@ -87,7 +87,7 @@ def test_the_jobs_memory_fraction_is_of_device_memory_and_reads_back_as_set(caps
     assert log[-1] == ("set", 1.0, 0)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "device memory is capped at 73728 MiB; " in err[0]
-    assert err[0].endswith("UMPROV_MANAGED_RESERVOIR=4096m or less keeps the fraction")
+    assert err[0].endswith("UMPROV_MANAGED_RESERVOIR=3840m or less keeps the fraction")
     torch.cuda.set_per_process_memory_fraction(0.3, 1)  # no reservoir there
     assert log[-1] == ("set", 0.3, 1) and wanted == {0: 0.95, 1: 0.3}
     assert torch.cuda.get_per_process_memory_fraction(2) == 0.5  # never set: torch's
@@ -95,7 +95,7 @@ def test_the_jobs_memory_fraction_is_of_device_memory_and_reads_back_as_set(caps
     torch.cuda.set_per_process_memory_fraction(0.5, 0)
     err = capsys.readouterr().err.strip()
     assert "capped at 0 MiB, so the job runs from host memory; " in err
-    assert err.endswith("UMPROV_MANAGED_RESERVOIR=40960m or less keeps the fraction")
+    assert err.endswith("UMPROV_MANAGED_RESERVOIR=40704m or less keeps the fraction")
 
 
 @pytest.mark.parametrize("fraction", [1, -0.1, 1.5])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -66,14 +67,32 @@ def inventory_options(*, positional: bool = True) -> Callable[[F], F]:
 
 def ask_vault_password(label: str) -> str:
     """A vault password read from the terminal, not echoed."""
-    return str(click.prompt(f"Vault password ({label})", hide_input=True, err=True,
-                            default="", show_default=False))
+    return _read_secret(f"Vault password ({label})", "--vault-password-file")
 
 
 def ask_become_password() -> str:
     """The privilege escalation (sudo) password, read from the terminal, not echoed."""
-    return str(click.prompt("BECOME password", hide_input=True, err=True, default="",
-                            show_default=False))
+    return _read_secret("BECOME password", "ansible_become_password in a vault")
+
+
+def _read_secret(prompt: str, instead: str) -> str:
+    """A password from the terminal, or the first line of a pipe (getpass's own fallback,
+    without its warning); a closed standard input is a one-line error, not Ctrl-C."""
+    import getpass
+    import warnings
+
+    from umprov.errors import ConfigError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", getpass.GetPassWarning)
+        try:
+            return str(click.prompt(prompt, hide_input=True, err=True, default="",
+                                    show_default=False))
+        except click.Abort:
+            if sys.stdin is not None and sys.stdin.isatty():
+                raise  # Ctrl-C at the prompt
+            raise ConfigError(f"{prompt}: standard input is not a terminal and ended before "
+                              f"a password; use {instead}") from None
 
 
 def forks_option(func: F) -> F:

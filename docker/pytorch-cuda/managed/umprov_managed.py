@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from umprov_managed_conf import (  # noqa: F401 - ruled_out: the verifier's check reads it here
+    SMALL,
     expandable_off,
     fraction_with,
     patch_memory_fraction,
@@ -55,7 +56,6 @@ LIBRARY = Path(os.environ.get("UMPROV_MANAGED_LIBRARY",
 STATS = ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
          "host_budget")  # the library's counters, in its order
 MIN_RESERVOIR = 256 << 20  # smaller is not worth a reservoir (a host short of memory)
-SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or less apart
 CONCURRENT_MANAGED_ACCESS = 89  # cudaDevAttrConcurrentManagedAccess
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or less apart
 _EXPANDABLE_ON = re.compile(r"(expandable_segments\s*:\s*)true", re.IGNORECASE)
 
 
@@ -86,8 +87,8 @@ def fraction_with(torch: Any, device: int, fraction: float, reservoir: int) -> f
               f"{reservoir >> 20} MiB pass GPU {device}'s {total >> 20} MiB (PyTorch counts "
               f"the reservoir in): device memory is capped at {room} MiB"
               f"{', so the job runs from host memory' if room == 0 else ''}; "
-              f"UMPROV_MANAGED_RESERVOIR={int((1 - fraction) * total) >> 20}m or less keeps "
-              "the fraction", file=sys.stderr)
+              f"UMPROV_MANAGED_RESERVOIR={max((int((1 - fraction) * total) >> 20) - SMALL, 0)}m"
+              " or less keeps the fraction", file=sys.stderr)
     return min(wanted, 1.0)
 
 

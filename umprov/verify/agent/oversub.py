@@ -176,16 +176,16 @@ def _gate_rate(path: str) -> float | None:
         return None
 
 
-def _no_room(torch: Any, dev: int, working: int) -> str | None:
+def _no_room(torch: Any, dev: int, reservoir: int) -> str | None:
     """Why the step must not run here (None: it may)."""
     free = torch.cuda.mem_get_info(dev)[0]
-    if free < working + HEADROOM:
-        return (f"the {working // MiB} MiB of managed memory it asks for, with "
+    if free < reservoir + HEADROOM:
+        return (f"the {reservoir // MiB} MiB of managed memory it asks for, with "
                 f"{HEADROOM // MiB} MiB to spare, exceed the {free // MiB} MiB free on this GPU")
     avail = host_available()
-    if avail is not None and 2 * working > avail:
+    if avail is not None and 2 * reservoir > avail:
         return (f"the host has {avail // MiB} MiB available, less than twice the "
-                f"{working // MiB} MiB working set")
+                f"{reservoir // MiB} MiB reservoir")
     return None
 
 
