@@ -31,3 +31,17 @@ def test_init_overwrites_nothing(umprov_cli, tmp_path, monkeypatch):
         "overwrites nothing (choose another folder)"]
     assert mine.read_text() == "mine: true\n"
     assert not (tmp_path / "inventory" / "hosts.yml").exists()
+
+
+def test_init_where_it_cannot_write_leaves_nothing_and_says_where(umprov_cli, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "group_vars").write_text("a file where the folder goes\n")
+    result = umprov_cli("inventory", "init", "site")
+    assert result.exit_code == 4
+    assert result.stderr.splitlines() == [
+        "umprov: error: site/group_vars: cannot write the example inventory there (File exists)"]
+    assert sorted(p.name for p in (tmp_path / "site").iterdir()) == ["group_vars"]  # as it was
+    result = umprov_cli("inventory", "init", "fresh/deeper/site")  # nothing in its way: fine
+    assert result.exit_code == 0, result.stderr

@@ -67,6 +67,7 @@ def init(folder: Path) -> int:
     Example:
       umprov inventory init site && umprov inventory check site
     """
+    import contextlib
     import shutil
 
     from umprov.errors import ConfigError
@@ -78,9 +79,18 @@ def init(folder: Path) -> int:
     if there:
         raise ConfigError(f"{folder / there[0]}: already exists; umprov inventory init "
                           "overwrites nothing (choose another folder)")
-    for name, source in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, folder / name)
+    written = [d for d in (folder, folder / "group_vars") if not d.exists()]  # made here
+    try:
+        for name, source in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, folder / name)
+            written.append(folder / name)
+    except OSError as exc:  # a file where a folder goes, a read-only place: leave nothing
+        for path in reversed(written):
+            with contextlib.suppress(OSError):
+                path.rmdir() if path.is_dir() else path.unlink()
+        raise ConfigError(f"{exc.filename or folder}: cannot write the example inventory "
+                          f"there ({exc.strerror or exc})") from None
     click.echo(f"wrote {folder / 'hosts.yml'} and {folder / 'group_vars' / 'all.yml'}: put your "
                f"hosts in, then: umprov inventory check {folder}", err=True)
     return ExitCode.OK
