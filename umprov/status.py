@@ -141,8 +141,9 @@ def _managed_memory(container: Any, data: dict[str, Any]) -> None:
     data["managed_memory_pool"] = {"1": True, "0": False}.get(held or "")
 
 
-def connect_text(host_name: str) -> str:
-    """The ssh command and the Jupyter URL (with its token) for a deployed host."""
+def connect_info(host_name: str) -> dict[str, Any]:
+    """How to reach a deployed host's container from here: the ssh command, the tunnel to
+    open first (None: none needed) and the Jupyter URL with its token."""
     conn = load_connection(host_name)
     if conn is None:
         raise ConfigError(f"{host_name}: nothing deployed from this machine (run umprov deploy)")
@@ -150,15 +151,25 @@ def connect_text(host_name: str) -> str:
     if not path.is_file():
         raise ConfigError(f"{host_name}: no Jupyter token stored in {path}; re-run umprov deploy")
     token = path.read_text().strip()
-    lines = [f"ssh -F {conn['ssh_config']} {conn['alias']}"]
+    info: dict[str, Any] = {"host": host_name,
+                            "ssh": f"ssh -F {conn['ssh_config']} {conn['alias']}",
+                            "tunnel": None}
     if conn["via_host"]:
         port = conn["jupyter_port"]
         local = conn.get("tunnel_port", port)  # records of an older umprov have none
-        lines.append(
-            f"ssh -F {conn['ssh_config']} -N -L {local}:{conn['address']}:{port} "
-            f"{conn['jump_alias']}   # then open:"
-        )
-        lines.append(f"http://127.0.0.1:{local}/lab?token={token}")
+        info["tunnel"] = (f"ssh -F {conn['ssh_config']} -N -L {local}:{conn['address']}:{port} "
+                          f"{conn['jump_alias']}")
+        info["jupyter_url"] = f"http://127.0.0.1:{local}/lab?token={token}"
     else:
-        lines.append(f"http://{conn['address']}:{conn['jupyter_port']}/lab?token={token}")
+        info["jupyter_url"] = f"http://{conn['address']}:{conn['jupyter_port']}/lab?token={token}"
+    return info
+
+
+def connect_text(host_name: str) -> str:
+    """The ssh command and the Jupyter URL (with its token) for a deployed host."""
+    info = connect_info(host_name)
+    lines = [info["ssh"]]
+    if info["tunnel"]:
+        lines.append(f"{info['tunnel']}   # then open:")
+    lines.append(info["jupyter_url"])
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,30 @@ def test_status_connect_prints_token_only_when_asked(umprov_cli, tmp_path):
     assert "ssh -F" in result.stdout and "umprov-gpu1" in result.stdout
     assert "token=tok-" in result.stdout and "-L 18888:127.0.0.1:8888" in result.stdout
     assert "http://127.0.0.1:18888/lab?token=tok-" in result.stdout
+
+
+def test_status_connect_json_is_data_and_a_damaged_record_is_one_line(umprov_cli):
+    from umprov.deploy import options, state
+    from umprov.paths import write_private
+
+    host = type("H", (), {"name": "gpu1", "address": "10.0.0.5", "port": 22, "user": "ops",
+                          "key_file": None, "known_hosts": None, "vars": {}})()
+    settings = options.HostSettings("img", "all", 2222, 8888, "127.0.0.1", "umprov")
+    state.record_connection(host, settings, "umprov", None)
+    write_private(state.token_path("gpu1"), "tok-1\n")
+    result = umprov_cli("status", "--connect", "gpu1", "--json")
+    assert result.exit_code == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["host"] == "gpu1" and info["ssh"].endswith(" umprov-gpu1")
+    assert info["tunnel"].startswith("ssh -F ") and "-L 18888:127.0.0.1:8888" in info["tunnel"]
+    assert info["jupyter_url"] == "http://127.0.0.1:18888/lab?token=tok-1"
+    record = state.connection_path("gpu1")
+    for damage in ('{"host": "gpu1", "addr', '["gpu1"]', '{"host": "gpu1"}'):
+        record.write_text(damage)
+        result = umprov_cli("status", "--connect", "gpu1")
+        assert result.exit_code == 4, result.stderr
+        assert result.stderr.count("\n") == 1 and str(record) in result.stderr
+        assert "re-run umprov deploy" in result.stderr
 
 
 def test_each_hosts_tunnel_has_its_own_local_port_kept_across_deploys(umprov_cli):

@@ -65,9 +65,12 @@ def status(
     umprov status --connect gpu1     # prints the Jupyter token: for your eyes only
     """
     if connect_host:
-        from umprov.status import connect_text
+        from umprov.status import connect_info, connect_text
 
-        click.echo(connect_text(connect_host))
+        if as_json:
+            emit_json(connect_info(connect_host))
+        else:
+            click.echo(connect_text(connect_host))
         return ExitCode.OK
     from umprov.deploy.options import check_container_name
     from umprov.hosts.results import exit_code

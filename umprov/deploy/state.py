@@ -283,8 +283,21 @@ def _save_tunnel_ports(path: Path, ports: dict[str, int]) -> None:
     write_atomic(path, json.dumps(ports, indent=1, sort_keys=True), 0o600)
 
 
+CONNECTION_KEYS = ("address", "jupyter_port", "via_host", "ssh_config", "alias")
+
+
 def load_connection(host_name: str) -> dict[str, Any] | None:
+    """The record deploy left for ``host_name`` (None: none); a damaged one is a ConfigError
+    naming its file."""
     path = connection_path(host_name)
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc}); re-run umprov deploy") from None
+    missing = [k for k in CONNECTION_KEYS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ConfigError(f"{path}: not a connection record (no {missing[0]}); "
+                          "re-run umprov deploy")
+    return data
