@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,12 +169,25 @@ def download_wheels(
 ) -> int:
     """pip download every wheel the requirements need, for the target interpreter."""
     dest.mkdir(parents=True, exist_ok=True)
-    stamp = dest / ".target.json"
     wanted = json.dumps({"python": target.python, "glibc": target.glibc, "reqs": reqs})
-    if stamp.exists() and stamp.read_text() != wanted:
-        # Another interpreter or other requirements: start from an empty folder.
-        shutil.rmtree(dest)
-        dest.mkdir(parents=True)
+    stamp = dest / ".target.json"
+    if not stamp.exists() or stamp.read_text() == wanted:
+        return _pip_download(dest, reqs, target, wanted, find_links, progress)
+    # Another interpreter or other requirements: a folder of their own, which replaces the
+    # cache only once pip got every wheel (a failed download keeps the old cache).
+    fresh = Path(tempfile.mkdtemp(prefix=".wheels-", dir=dest.parent))
+    try:
+        count = _pip_download(fresh, reqs, target, wanted, find_links, progress)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    shutil.rmtree(dest)
+    fresh.rename(dest)
+    return count
+
+
+def _pip_download(dest: Path, reqs: list[str], target: Target, wanted: str,
+                  find_links: list[Path], progress: Progress) -> int:
     cmd = [
         sys.executable, "-m", "pip", "download",
         "--disable-pip-version-check", "--progress-bar", "off",
@@ -196,7 +210,7 @@ def download_wheels(
         ]
         raise EnvironmentProblem(f"pip download failed: {tail[0]}")
     (dest / "requirements.txt").write_text("\n".join(reqs) + "\n")
-    stamp.write_text(wanted)
+    (dest / ".target.json").write_text(wanted)
     return sum(1 for _ in dest.glob("*.whl"))
 
 

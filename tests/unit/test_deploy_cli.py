@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -246,8 +247,49 @@ def test_deploy_defaults_to_the_image_image_build_tags():
     (["verify", "hosts.yml", "--image", "a b"], "--image: 'a b' is not an image"),
     (["image", "build", "--tag", "bad tag"], "--tag: 'bad tag' is not an image reference"),
     (["image", "build", "--base", "::"], "--base: '::' is not an image reference"),
+    (["image", "build", "--python", "3.x"], "--python '3.x': not a Python version"),
+    (["image", "build", "--torch-wheel", "pyproject.toml"], "not a torch wheel file name"),
 ])
 def test_other_commands_check_their_values_first(umprov_cli, no_contact, args, message):
     result = umprov_cli(*args)
     assert result.exit_code == 4, result.stderr
     assert message in result.stderr
+
+
+def test_image_build_refuses_a_missing_torch_wheel_before_any_engine(umprov_cli, no_contact):
+    result = umprov_cli("image", "build", "--torch-wheel", "no/such/torch-2.9.0-x.whl")
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+def test_a_failed_download_for_another_target_keeps_the_wheel_cache(tmp_path, monkeypatch):
+    from umprov import image
+    from umprov.errors import EnvironmentProblem
+
+    cache = tmp_path / "wheels"
+    cache.mkdir()
+    (cache / "torch-2.9.0-cp311-x.whl").write_text("a wheel")
+    (cache / ".target.json").write_text('{"python": "3.11"}')
+    calls: list[list[str]] = []
+
+    def pip(cmd, **_kw):
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        (dest / "half.whl").write_text("half")
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: no such version\n")
+
+    monkeypatch.setattr(image.subprocess, "run", pip)
+    target = image.Target(python="3.12", glibc="2.36")
+    with pytest.raises(EnvironmentProblem, match="no such version"):
+        image.download_wheels(cache, ["numpy"], target, find_links=[])
+    assert sorted(p.name for p in cache.iterdir()) == [".target.json", "torch-2.9.0-cp311-x.whl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"]  # no half-made folder left
+
+    def pip_ok(cmd, **_kw):
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        (dest / "numpy-2-cp312-x.whl").write_text("new")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(image.subprocess, "run", pip_ok)
+    assert image.download_wheels(cache, ["numpy"], target, find_links=[]) == 1
+    assert sorted(p.name for p in cache.iterdir()) == [
+        ".target.json", "numpy-2-cp312-x.whl", "requirements.txt"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ def image() -> None:
 @click.option("--base", metavar="IMAGE", help="Base image (default: the official PyTorch CUDA "
               "runtime image).")
 @click.option("--tag", metavar="TAG", help="Tag for the built image.")
-@click.option("--torch-wheel", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--torch-wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="torch wheel to carry in the context, for a base without torch.")
 @click.option("--python", "python_version", metavar="X.Y",
               help="Python of the base, when the base is not on the engine to ask.")
@@ -56,6 +57,9 @@ def build(
 
     base = check_image(base or image_mod.DEFAULT_BASE, "--base")
     tag = check_image(tag or image_mod.DEFAULT_TAG, "--tag")
+    if python_version is not None and not re.fullmatch(r"3\.\d{1,2}", python_version):
+        raise ConfigError(f"--python {python_version!r}: not a Python version such as 3.11")
+    image_mod.requirements(torch_wheel)  # a wheel not named as torch's: refused before a host
     if host:
         from umprov.hosts.engine import docker_client
         from umprov.inventory import load_inventory
