@@ -1,4 +1,4 @@
-"""SSH sessions that the docker SDK opens through umprov's adapter (umprov.hosts.engine).
+"""SSH sessions that the docker SDK opens through umprov's adapter (umprov.hosts.docker_ssh).
 
 The stand-in is a paramiko transport whose sessions are socket pairs, each served by a small
 HTTP engine in a thread (as ``docker system dial-stdio`` passes HTTP to the engine), with
@@ -20,7 +20,7 @@ import pytest
 
 from tests.unit.fakes import FakeHost
 from umprov.errors import EngineDown
-from umprov.hosts import engine
+from umprov.hosts import docker_ssh, engine
 
 
 class _Channel(socket.socket):
@@ -84,7 +84,7 @@ def host_engine(monkeypatch: pytest.MonkeyPatch):
 
     def make(max_sessions: int = 10, linger: float = 0.0) -> tuple[Any, _Transport]:
         transport = _Transport(max_sessions, linger)
-        monkeypatch.setattr(engine, "connect", lambda host, trust_new=False: _Client(transport))
+        monkeypatch.setattr(docker_ssh, "connect", lambda host, trust_new=False: _Client(transport))
         client = engine.docker_client(FakeHost(name="gpu-1"))
         made.append(client)
         return client, transport
@@ -126,7 +126,7 @@ def test_a_session_refused_for_good_names_the_host_and_max_sessions(
     while transport.open:
         time.sleep(0.01)
     blocker = transport.open_session()
-    monkeypatch.setattr(engine, "SESSION_WAIT_S", 0.3)
+    monkeypatch.setattr(docker_ssh, "SESSION_WAIT_S", 0.3)
     with pytest.raises(EngineDown, match=r"gpu-1: sshd refused a new SSH session .*MaxSessions"):
         client.api.inspect_container("c1")
     blocker.close()
