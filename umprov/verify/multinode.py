@@ -303,28 +303,46 @@ def _failed(st: HostState, stage: str, why: str, hint: str = "investigate") -> N
 
 
 def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progress) -> None:
+    """Step 1 on one host: connect, start the throwaway container beside the deployed one,
+    copy the agent in and probe it; a stage that fails says why in the host's run."""
+    t0 = time.monotonic()
+    progress(st.run.name, "connecting")
+    if not (_connect(st, opts) and _start_container(st, opts, run_id, progress)
+            and _probe(st, opts)):
+        return
+    st.run.stage = "prepared"
+    st.run.prepare_s = time.monotonic() - t0
+    progress(st.run.name, f"ready ({st.run.nproc} process(es))")
+
+
+def _connect(st: HostState, opts: MultiNodeOptions) -> bool:
     from umprov.hosts.engine import docker_client
 
-    t0 = time.monotonic()
-    name = st.run.name
     try:
-        progress(name, "connecting")
         st.client = docker_client(st.host, trust_new=opts.trust_new, timeout=opts.timeout)
         st.client.ping()
     except UmprovError as exc:  # written as verify writes it; the host did not join: exit 13
         _state, detail, hint = connect_failure(exc)
-        return _failed(st, "connect", detail, hint)
+        _failed(st, "connect", detail, hint)
+        return False
     except Exception as exc:  # the engine is down or refuses: the host cannot join
-        return _failed(st, "connect", "Docker unreachable: "
-                       f"{engine_error(exc, named=True)}", "config")
+        _failed(st, "connect", f"Docker unreachable: {engine_error(exc, named=True)}", "config")
+        return False
+    return True
+
+
+def _start_container(st: HostState, opts: MultiNodeOptions, run_id: str,
+                     progress: Progress) -> bool:
+    """The run's host-network container, of the deployed container's image and devices."""
     deployed_name = deployed_container(st.run.vars)
     try:
         deployed = st.client.containers.get(deployed_name)
     except Exception:
-        return _failed(st, "container", f"no container {deployed_name!r} (run umprov deploy)",
-                       "config")
+        _failed(st, "container", f"no container {deployed_name!r} (run umprov deploy)",
+                "config")
+        return False
     st.run.image = (deployed.attrs.get("Config") or {}).get("Image") or deployed.image.id
-    progress(name, "starting a host-network container")
+    progress(st.run.name, "starting a host-network container")
     kwargs = container_kwargs(deployed.image.id, container_name(run_id), run_id,
                               deployed.attrs.get("HostConfig") or {},
                               raise_limits=flag(st.run.vars.get("umprov_container_limits"),
@@ -332,27 +350,35 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
                               run_s=opts.run_bound())
     with st.lock:
         if st.closing:
-            return _failed(st, "container", "interrupted before its container started")
+            _failed(st, "container", "interrupted before its container started")
+            return False
         st.started.clear()
     try:
         st.container = start_throwaway(st.client, **kwargs)
     except Exception as exc:
-        return _failed(st, "container",
-                       f"cannot start a container: {engine_error(exc, named=True)}")
+        _failed(st, "container", f"cannot start a container: {engine_error(exc, named=True)}")
+        return False
     finally:
         st.started.set()
     st.run.container = st.container.name
-    refused = copy_agent(st.container, WORKDIR, {"opts.json": json.dumps(opts.worker_opts())
-                                                 .encode()})
+    return True
+
+
+def _probe(st: HostState, opts: MultiNodeOptions) -> bool:
+    """The agent copied in, then its Python, the GPUs and the network it sees."""
+    refused = copy_agent(st.container, WORKDIR,
+                         {"opts.json": json.dumps(opts.worker_opts()).encode()})
     if refused:
-        return _failed(st, "container", f"cannot copy the agent: {refused}")
+        _failed(st, "container", f"cannot copy the agent: {refused}")
+        return False
     probe = (f"{FIND_PYTHON}; " + "echo \"PY=$PY\"; "
              "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L | grep -c '^GPU ' || "
              "echo 0; \"$PY\" " + f"{WORKDIR}/{AGENT_NAME} --net-info")
     rc, out = exec_in(st.container, ["sh", "-c", probe], 60)
     if rc is None or rc == NO_PYTHON or not out.strip():
-        return _failed(st, "container", "no python in the image" if rc == NO_PYTHON else
-                       f"the probe did not answer (code {rc})", "config")
+        _failed(st, "container", "no python in the image" if rc == NO_PYTHON else
+                f"the probe did not answer (code {rc})", "config")
+        return False
     lines = out.strip().splitlines()
     st.python = lines[0].removeprefix("PY=").strip()
     gpus = int(lines[1]) if lines[1].strip().isdigit() else 0
@@ -360,12 +386,10 @@ def _prepare(st: HostState, opts: MultiNodeOptions, run_id: str, progress: Progr
         st.net = json.loads(lines[-1])
     st.run.nproc = nproc_for(opts.backend, gpus, opts.nproc_per_node)
     if st.run.nproc < 1:
-        return _failed(st, "container", "no NVIDIA GPU visible in the container (use "
-                       "--backend gloo to test the orchestration without GPUs)", "driver")
-    st.run.stage = "prepared"
-    st.run.prepare_s = time.monotonic() - t0
-    progress(name, f"ready ({st.run.nproc} process(es))")
-    return None
+        _failed(st, "container", "no NVIDIA GPU visible in the container (use "
+                "--backend gloo to test the orchestration without GPUs)", "driver")
+        return False
+    return True
 
 
 def _rendezvous(states: list[HostState], opts: MultiNodeOptions) -> str:
