@@ -162,6 +162,25 @@ def write_private(path: Path, data: str | bytes) -> None:
         raise
 
 
+def unwritable(path: Path) -> str | None:
+    """Why write_atomic could not write ``path`` (its missing folders made), or None. Only
+    probes: a nameless temporary file in the nearest folder that exists, so nothing is left."""
+    if os.path.isdir(path):  # os.path: an unreadable folder is an answer, not an error
+        return f"{path} is a directory"
+    folder = path.parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not os.path.isdir(folder):
+        return f"{folder} is not a directory"
+    try:
+        # Permission bits do not tell (root, a read-only mount, /proc): try.
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"no file can be made in {folder} ({exc.strerror or exc})"
+    return None
+
+
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     """Write a file atomically (temp file in the same directory, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)

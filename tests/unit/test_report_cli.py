@@ -89,6 +89,12 @@ def test_a_bad_age_is_a_usage_error(umprov_cli):
     assert "'soon' is not an age" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+def test_an_age_too_large_for_a_number_is_a_usage_error(umprov_cli):
+    result = umprov_cli("report", "--since", "9" * 400 + "d")
+    assert result.exit_code == ExitCode.USAGE
+    assert "is not an age" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
 def test_history_flags_a_regression_with_exit_12(umprov_cli, tmp_path):
     plant(tmp_path / "state")
     result = umprov_cli("report", "--json")
@@ -146,6 +152,21 @@ def test_history_of_a_vault_encrypted_inventory_given_as_every_command_takes_it(
     result = umprov_cli("report", "-i", str(folder), "--vault-password-file", str(password))
     assert result.exit_code == ExitCode.VERIFY_WARN, result.stderr
     assert "REGRESSION h200-a" in result.stderr
+
+
+def test_a_damaged_history_file_is_skipped_and_named_and_the_rest_reported(umprov_cli,
+                                                                          tmp_path):
+    import gzip
+
+    plant(tmp_path / "state")
+    path = sorted((tmp_path / "state" / "verify-history").glob("*/*.json.gz"))[0]
+    head = {"schema": history.SCHEMA, "key": path.parent.name, "saved": "yesterday"}
+    path.write_bytes(gzip.compress((json.dumps(head) + "\n{}\n").encode()))
+    result = umprov_cli("report", "--json")
+    assert result.exit_code in (ExitCode.OK, ExitCode.VERIFY_WARN), result.stderr
+    assert json.loads(result.stdout)["hosts"][0]["runs"] == 5
+    (line,) = [ln for ln in result.stderr.splitlines() if "skipped" in ln]
+    assert line == f"umprov: skipped {path}: damaged (saved 'yesterday' is not a time)"
 
 
 def test_no_history_says_where_it_looked(umprov_cli):

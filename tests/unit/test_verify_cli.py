@@ -88,6 +88,25 @@ def test_timeout_must_be_positive(umprov_cli):
     assert umprov_cli("verify", "--local", "--timeout", "0").exit_code == 2
 
 
+@pytest.mark.parametrize("value", ["nan", "-nan", "inf", "1e999"])
+def test_a_timeout_that_never_fires_is_a_usage_error(umprov_cli, monkeypatch, value):
+    """Click's FloatRange lets NaN past its bounds; a NaN or infinite deadline never fires."""
+    import umprov.verify.local
+
+    monkeypatch.setattr(umprov.verify.local, "run_local", lambda **kw: pytest.fail("ran"))
+    result = umprov_cli("verify", "--local", "--timeout", value)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert f"'--timeout': {value!r} is not a finite number" in line
+
+
+def test_a_burn_in_too_long_for_a_number_is_a_config_error(umprov_cli):
+    result = umprov_cli("verify", "--local", "--duration", "9" * 400 + "m")
+    assert result.exit_code == 4
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("umprov: error: --duration: duration '999") and "too long" in line
+
+
 # ---------------------------------------------------------------------------------------------
 # The remote runner, against a stand-in for a docker SDK container that runs commands here.
 

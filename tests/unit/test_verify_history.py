@@ -169,7 +169,7 @@ def test_ages(text, seconds):
     assert history.parse_age(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "30", "d", "-3d", "3y"])
+@pytest.mark.parametrize("text", ["", "30", "d", "-3d", "3y", "9" * 400 + "d"])
 def test_bad_ages(text):
     with pytest.raises(ValueError, match="not an age"):
         history.parse_age(text)
@@ -258,3 +258,51 @@ def test_a_file_in_the_inbox_that_is_no_report_is_named_and_kept(root, tmp_path)
     with pytest.raises(ConfigError, match="gpu07-x.json"):
         history.file_inbox(inbox=inbox, root=root)
     assert bad.exists() and history.load(root=root) == []
+
+
+def plant_head(root, name: str, **head) -> object:
+    """A history file whose first line is ``head`` (schema and key filled in unless given)."""
+    head = {"schema": history.SCHEMA, "key": "host-00000000000000aa", "host": "x",
+            "saved": NOW, "figures": [], **head}
+    path = root / "host-00000000000000aa" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress((json.dumps(head) + "\n{}\n").encode()))
+    return path
+
+
+@pytest.mark.parametrize(("head", "words"), [
+    ({"key": None}, "key None is not a name"),
+    ({"saved": "yesterday"}, "saved 'yesterday' is not a time"),
+    ({"saved": 10**400}, "is not a time"),
+    ({"figures": [["gpu0", "gpu.hbm_copy", "GB/s", "fast"]]}, "figures are not"),
+    ({"figures": [["gpu0", None, "GB/s", 1.0]]}, "figures are not"),
+    ({"figures": "many"}, "figures are not"),
+])
+def test_a_damaged_entry_is_skipped_with_a_line_naming_it(root, capsys, head, words):
+    """One damaged file must not hide the rest of a fleet's history."""
+    plant(root, 3)
+    bad = plant_head(root, f"{NOW * 1e9:019.0f}-1-bad{history.SUFFIX}", **head)
+    entries = history.load(root=root, now=NOW)
+    (trend,) = history.trends(entries)
+    assert trend.host == "h200-a" and len(trend.saved) == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"umprov: skipped {bad}: damaged (") and words in line
+
+
+def test_a_head_without_its_key_is_damaged_too(root, capsys):
+    path = root / "host-00000000000000aa" / f"{1:019d}-1-x{history.SUFFIX}"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress(b'{"schema": "umprov.verify.history", "saved": 1}\n{}\n'))
+    assert history.load(root=root) == []
+    assert f"skipped {path}: damaged (key None is not a name)" in capsys.readouterr().err
+
+
+def test_a_measurement_that_is_no_number_is_no_point_of_a_trend(root):
+    plant_head(root, f"{1:019d}-1-a{history.SUFFIX}", saved=1.0,
+               figures=[["gpu0", "gpu.hbm_copy", "GB/s", float("nan")],
+                        ["gpu0", "gpu.gemm", "TFLOP/s", 700.0]])
+    (entry,) = history.load(root=root)
+    assert entry.figures == [["gpu0", "gpu.gemm", "TFLOP/s", 700.0]]
+    doc = fleet_docs.gpu_host("h200-a", gpus=1)
+    doc["records"][0].update(measured=float("inf"), verdict="pass")
+    assert all(f[3] != float("inf") for f in history.figures_of(doc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -113,3 +114,15 @@ def fan_out_width(forks: int | None, hosts: int) -> int:
     if why:
         say(f"umprov: {why}")
     return n
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange without NaN and the infinities: NaN passes Click's bounds (every
+    comparison with it is false), and a NaN or infinite deadline never fires."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return float(number)

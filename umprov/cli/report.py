@@ -54,8 +54,10 @@ def report(sources: tuple[str, ...], since: float | None, html_path: Path | None
     umprov report hosts --since 30d             trends and regressions of the last 30 days
     umprov report --json                        every host on record, as data
     """
+    from umprov.cli.outputs import check_writable
     from umprov.errors import ConfigError, ExitCode, UmprovError
 
+    check_writable("--html", html_path)
     run_files = [s for s in sources if s.endswith(".json")]
     inventory = replace(inventory, sources=tuple(s for s in sources if not s.endswith(".json"))
                         + inventory.sources)
@@ -76,13 +78,18 @@ def show_runs(paths: list[Path], html_path: Path | None, as_json: bool) -> int:
     if as_json:
         emit_json(verify_report.run_document(docs, 0.0))
     if html_path:
-        from umprov.verify import html
-
-        html.write(html_path, docs)
-        say(f"HTML report: {html_path}")
+        write_page(html_path, docs)
     else:
         verify_report.print_report(docs, all_rows=False)
     return 0
+
+
+def write_page(html_path: Path, docs: list[dict], **page: Any) -> None:
+    """--html, written after what goes to stdout and the terminal; a failure is a ConfigError."""
+    from umprov.cli.outputs import ReportFile, write_files
+    from umprov.verify import html
+
+    write_files([ReportFile("--html", html_path, "HTML", lambda p: html.write(p, docs, **page))])
 
 
 def show_history(inventory: InventoryRequest | None, since: float | None, html_path: Path | None,
@@ -102,13 +109,10 @@ def show_history(inventory: InventoryRequest | None, since: float | None, html_p
     trends = history.trends(entries)
     if as_json:
         emit_json(history.to_json(trends, since=since))
-    if html_path:
-        from umprov.verify import html
-
-        html.write(html_path, history.latest_docs(entries), trends=trends,
-                   title=f"umprov report: {len(trends)} host(s)")
-        say(f"HTML report: {html_path}")
     print_trends(trends, hosts)
+    if html_path:
+        write_page(html_path, history.latest_docs(entries), trends=trends,
+                   title=f"umprov report: {len(trends)} host(s)")
     return ExitCode.VERIFY_WARN if any(t.regressions for t in trends) else ExitCode.OK
 
 

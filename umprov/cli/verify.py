@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
+from umprov.cli.options import (
+    FiniteFloatRange,
+    fan_out_width,
+    forks_option,
+    inventory_options,
+    json_option,
+)
 from umprov.errors import ConfigError
 from umprov.output import emit_json, say, say_untrusted
 
@@ -36,7 +42,7 @@ if TYPE_CHECKING:
               help="Judge with this profile instead of detecting it from the GPU name.")
 @click.option("--expected-gpus", type=click.IntRange(min=0), metavar="N",
               help="GPUs each host must have (default: the host's umprov_expected_gpus).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=1), default=120.0, show_default=True,
               metavar="S", help="Deadline of each test process; a hung GPU fails at it "
               "(--multi-node: of each stage, the rendezvous join included).")
 @click.option("--duration", default="0", show_default=True, metavar="T",
@@ -131,6 +137,7 @@ def verify(
     except ValueError as exc:
         raise ConfigError(f"--duration: {exc}") from None
     check_combinations(inventory, click.get_current_context().params, seconds)
+    check_report_paths(junit=junit, prometheus=prometheus, html_path=html_path)
     slurm = {"submit_host": slurm_submit_host, "partition": slurm_partition,
              "account": slurm_account}
     overrides = profile_overrides(profile_file, profile_name)
@@ -198,6 +205,17 @@ def check_combinations(inventory: InventoryRequest, p: dict[str, Any], seconds: 
                           "--exclusive do not apply")
 
 
+def check_report_paths(*, junit: Path | None, prometheus: Path | None,
+                       html_path: Path | None) -> None:
+    """A report file that could not be written stops here, before any host is touched."""
+    from umprov.cli.outputs import check_writable
+    from umprov.verify.report import PROM_FILE
+
+    check_writable("--junit", junit)
+    check_writable("--prometheus", prometheus, prometheus and prometheus / PROM_FILE)
+    check_writable("--html", html_path)
+
+
 def profile_overrides(profile_file: Path | None, profile_name: str | None) -> dict[str, Any]:
     """The --profile-file overrides, with --profile's name checked against the known ones."""
     from umprov.verify.profiles import load_overrides, resolve
@@ -215,27 +233,23 @@ def profile_overrides(profile_file: Path | None, profile_name: str | None) -> di
 def write_reports(docs: list[dict], elapsed: float, *, junit: Path | None,
                   prometheus: Path | None, html_path: Path | None, as_json: bool,
                   all_rows: bool) -> int:
-    """The history, the files asked for, the JSON on stdout and the table on stderr; the
-    run's exit code."""
-    from umprov.verify import report
+    """The history, the JSON on stdout and the table on stderr, then the files asked for (one
+    that cannot be written is a ConfigError once the verdict is out); the run's exit code."""
+    from umprov.cli.outputs import ReportFile, write_files
+    from umprov.verify import html, report
 
     keep_history(docs)
-    if html_path:
-        from umprov.verify import html
-
-        html.write(html_path, docs, seconds=elapsed)
-    if junit:
-        report.write_junit(junit, docs)
-    if prometheus:
-        report.write_prometheus(prometheus, docs)
     run_doc = report.run_document(docs, elapsed)
     if as_json:
         emit_json(run_doc)
     report.print_report(docs, all_rows=all_rows)
     say_untrusted([report.outcome(d) for d in docs])
-    for target, what in ((junit, "JUnit"), (prometheus, "Prometheus"), (html_path, "HTML")):
-        if target:
-            say(f"{what} report: {target}")
+    write_files([
+        ReportFile("--junit", junit, "JUnit", lambda p: report.write_junit(p, docs)),
+        ReportFile("--prometheus", prometheus, "Prometheus",
+                   lambda p: report.write_prometheus(p, docs)),
+        ReportFile("--html", html_path, "HTML", lambda p: html.write(p, docs, seconds=elapsed)),
+    ])
     return int(run_doc["exit_code"])
 
 

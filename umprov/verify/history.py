@@ -25,6 +25,7 @@ import contextlib
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -43,6 +44,7 @@ from umprov.paths import private_dir, state_dir, write_atomic
 SCHEMA = "umprov.verify.history"
 SUFFIX = ".json.gz"
 NAMES = "names"
+LAST_TIME = 253402300800  # 10000-01-01: a later one cannot be written as a date
 
 
 @dataclass(frozen=True)
@@ -172,11 +174,19 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _finite(value: Any) -> bool:
+    """A number a trend can hold: not NaN, infinite or an integer too large for a float."""
+    try:
+        return _numeric(value) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def figures_of(doc: dict) -> list[list]:
     """[target, check, unit, value] of every record measured as a number (skips left out)."""
     return [[r.get("target"), r.get("check"), r.get("unit"), r["measured"]]
             for r in doc.get("records", []) if r.get("verdict") != "skip"
-            and _numeric(r.get("measured"))]
+            and _finite(r.get("measured"))]
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -312,12 +322,42 @@ def load(*, root: Path | None = None, since: float | None = None,
         try:
             with gzip.open(path, "rt") as fh:  # the first line only: the rest is the document
                 head = json.loads(fh.readline())
-        except (OSError, EOFError, ValueError):
-            continue  # pruned meanwhile, not ours or damaged: history is best effort
-        if isinstance(head, dict) and head.get("schema") == SCHEMA:
-            out.append(Entry(str(head["key"]), str(head.get("host")), float(head["saved"]),
-                             list(head.get("figures") or []), path))
+            entry = _entry(head, path)
+        except FileNotFoundError:
+            continue  # pruned meanwhile
+        except (OSError, EOFError, ValueError) as exc:
+            # One damaged file must not hide a fleet's history: skipped, and said.
+            from umprov.output import say
+
+            say(f"umprov: skipped {path}: damaged ({' '.join(str(exc).split())})")
+            continue
+        if entry is not None:
+            out.append(entry)
     return out
+
+
+def _entry(head: Any, path: Path) -> Entry | None:
+    """The entry a file's first line describes; None when the file is not a history entry
+    (another schema); ValueError saying what is wrong with one that is damaged."""
+    if not isinstance(head, dict) or head.get("schema") != SCHEMA:
+        return None
+    key, saved, figures = head.get("key"), head.get("saved"), head.get("figures") or []
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key {key!r:.40} is not a name")
+    if not _finite(saved) or not 0 <= saved < LAST_TIME:
+        raise ValueError(f"saved {saved!r:.40} is not a time")
+    if not isinstance(figures, list) or not all(map(_figure_ok, figures)):
+        raise ValueError("figures are not [target, check, unit, number] lists")
+    # A NaN or infinite measurement is no point of a trend (and cannot be drawn).
+    kept = [f for f in figures if _finite(f[3])]
+    return Entry(key, str(head.get("host")), float(saved), kept, path)
+
+
+def _figure_ok(fig: Any) -> bool:
+    """[target, check, unit, value] as figures_of writes it (unit may be None)."""
+    return (isinstance(fig, list) and len(fig) == 4 and isinstance(fig[0], str)
+            and isinstance(fig[1], str) and isinstance(fig[2], (str, type(None)))
+            and _numeric(fig[3]))
 
 
 def latest_docs(entries: Sequence[Entry]) -> list[dict]:
@@ -329,9 +369,11 @@ def latest_docs(entries: Sequence[Entry]) -> list[dict]:
 def parse_age(text: str) -> float:
     """'30d' -> seconds; units s, m, h, d, w."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not an age such as 30d, 12h, 2w")
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    seconds = float(m.group(1)) * units[m.group(2)] if m else math.nan
+    if not math.isfinite(seconds):  # 400 digits read as a float are infinite
+        raise ValueError(f"{text!r:.40} is not an age such as 30d, 12h, 2w")
+    return seconds
 
 
 @dataclass

@@ -11,24 +11,38 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError
+from umprov.paths import safe_name
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
+
+
+@dataclass(frozen=True)
+class Job:
+    """job.json, checked."""
+
+    job_id: str
+    backend: str
+    timeout: float
+    nodes: list[str]
+    rendezvous: str | None
+    wall_s: float
 
 
 def judge_job_dir(folder: Path) -> list[dict]:
     """One host document per node of the job in ``folder``."""
     job = _job(folder)
-    runs = [_node_run(folder / node, node, str(job["job_id"])) for node in job["nodes"]]
-    return host_reports(runs, backend=str(job["backend"]), endpoint=job.get("rendezvous"),
-                        rdzv_id=str(job["job_id"]), timeout=float(job["timeout"]),
-                        wall_s=float(job.get("ended", 0)) - float(job.get("started", 0)),
+    runs = [_node_run(folder / node, node, job.job_id) for node in job.nodes]
+    return host_reports(runs, backend=job.backend, endpoint=job.rendezvous,
+                        rdzv_id=job.job_id, timeout=job.timeout, wall_s=job.wall_s,
                         launcher="sbatch")
 
 
-def _job(folder: Path) -> dict[str, Any]:
+def _job(folder: Path) -> Job:
     path = folder / "job.json"
     try:
         job = json.loads(path.read_text())
@@ -41,7 +55,46 @@ def _job(folder: Path) -> dict[str, Any]:
     if not isinstance(job, dict) or any(k not in job for k in need) or not job["nodes"]:
         raise ConfigError(f"{path}: needs {', '.join(need)} (written by "
                           "docs/examples/multinode.sbatch)")
-    return job
+    try:
+        return _checked(job)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _checked(job: dict[str, Any]) -> Job:
+    """ValueError naming the first field of the wrong type or value."""
+    def bad(field: str, what: str) -> ValueError:
+        return ValueError(f"{field} {job.get(field)!r:.60} is not {what}")
+
+    def number(field: str, default: float | None = None) -> float:
+        value = job.get(field, default)
+        if not _finite(value):
+            raise bad(field, "a number")
+        return float(value)
+
+    job_id, nodes, timeout = job["job_id"], job["nodes"], number("timeout")
+    if isinstance(job_id, bool) or not isinstance(job_id, (str, int)) or not str(job_id):
+        raise bad("job_id", "a Slurm job id")
+    if job["backend"] not in ("nccl", "gloo"):
+        raise bad("backend", "nccl or gloo")
+    if timeout <= 0:
+        raise bad("timeout", "a positive number of seconds")
+    if not isinstance(nodes, list) or len(set(map(str, nodes))) != len(nodes):
+        raise bad("nodes", "a list of distinct node names")
+    for node in nodes:  # each names a folder of DIR and a host of the history: never "../x"
+        safe_name(node, "nodes: node name")
+    if not isinstance(job.get("rendezvous"), (str, type(None))):
+        raise bad("rendezvous", "HOST:PORT")
+    return Job(str(job_id), job["backend"], timeout, list(nodes), job.get("rendezvous"),
+               number("ended", 0) - number("started", 0))
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value))
+    except OverflowError:  # an integer of 400 digits
+        return False
 
 
 def _read(path: Path) -> str:

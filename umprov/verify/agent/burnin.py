@@ -13,6 +13,7 @@ median of the second half of the run (the warm, steady state) must meet it.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import statistics
 import time
@@ -36,7 +37,10 @@ def parse_duration(text: str) -> float:
     if not raw or "".join(f"{n}{u}" for n, u in parts) != raw.replace(" ", ""):
         raise ValueError(f"duration {text!r}: use seconds or a number with s, m or h "
                          "(90s, 10m, 1h)")
-    return sum(float(n) * UNITS[u] for n, u in parts)
+    seconds = sum(float(n) * UNITS[u] for n, u in parts)
+    if not math.isfinite(seconds):  # 400 digits read as a float are infinite
+        raise ValueError(f"duration {text!r:.40}: too long")
+    return seconds
 
 
 def plan(free: int, cpu: bool, world: int) -> dict[str, int]:
