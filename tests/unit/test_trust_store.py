@@ -217,3 +217,12 @@ def test_ssh_args_name_every_hosts_file_once_quoted(tmp_path, monkeypatch):
         [str(tmp_path / "lab_known_hosts"), str(Path.home() / ".ssh" / "known_hosts"),
          str(tmp_path / "state dir" / "known_hosts")])
     assert json.dumps(args)  # plain strings
+
+
+@pytest.mark.parametrize("address", ["gpu1:99999", "[::1]:0", "gpu1:", "a b"])
+def test_trust_refuses_an_address_with_no_port_to_reach_before_any_contact(
+        address: str, umprov_cli, monkeypatch) -> None:
+    monkeypatch.setattr(ssh, "presented_key", lambda *_a: pytest.fail("contacted a host"))
+    result = umprov_cli("trust", address, "--yes")
+    assert result.exit_code == ExitCode.CONFIG, result.stderr
+    assert result.stderr.count("\n") == 1 and f"'{address}' is not an address" in result.stderr

@@ -34,7 +34,7 @@ def _parse_address(text: str) -> _Target | None:
         return None
     address = match.group("a") or match.group("b")
     port = int(match.group("p") or match.group("q") or 22)
-    return _Target(text, address, port)
+    return _Target(text, address, port) if 1 <= port <= 65535 else None
 
 
 @click.command()
@@ -68,7 +68,9 @@ def trust(host: str, inventory: InventoryRequest, yes: bool, forks: int | None,
     else:
         parsed = _parse_address(host)
         if parsed is None:
-            raise ConfigError(f"'{host}' is not an address; pass --inventory to use host names")
+            raise ConfigError(f"'{host}' is not an address (ADDRESS, ADDRESS:PORT with a port "
+                              "from 1 to 65535, [ADDRESS]:PORT); pass --inventory to use host "
+                              "names")
         targets = [parsed]
     from umprov.hosts.fanout import Parallel
 
