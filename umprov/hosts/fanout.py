@@ -133,14 +133,9 @@ class Parallel:
             self._wait(CLOSE_GRACE_S)
 
     def _wait(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
         with self._lock:
             pending = list(self._done)
-        for done in pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            done.wait(left)
+        wait_all(pending, seconds)
 
 
 def checkpoint(cancel: threading.Event | None) -> None:
@@ -164,14 +159,19 @@ def settle(
         except BaseException as exc:  # noqa: BLE001 - this item's result
             results[index] = exc
 
-    pending = [_spawn(run, i, item, name=f"{name}-{i}") for i, item in enumerate(items)]
-    deadline = time.monotonic() + timeout
-    for done in pending:
+    wait_all([_spawn(run, i, item, name=f"{name}-{i}") for i, item in enumerate(items)],
+             timeout)
+    return list(results)
+
+
+def wait_all(events: Sequence[threading.Event], seconds: float) -> None:
+    """Wait until every event is set, or ``seconds`` have passed for them all together."""
+    deadline = time.monotonic() + seconds
+    for done in events:
         left = deadline - time.monotonic()
         if left <= 0:
-            break
+            return
         done.wait(left)
-    return list(results)
 
 
 def _spawn(fn: Callable[..., Any], *args: Any, name: str) -> threading.Event:
