@@ -84,7 +84,11 @@ def _pcie_link(rec: Rec, info: dict, samples: list[dict]) -> None:
 THROTTLE_REASONS = ((0x1, "gpu-idle"), (0x2, "applications-clocks"), (0x4, "sw-power-cap"),
                     (0x8, "hw-slowdown"), (0x10, "sync-boost"), (0x20, "sw-thermal"),
                     (0x40, "hw-thermal"), (0x80, "hw-power-brake"), (0x100, "display-clocks"))
-SLOWDOWNS = 0x8 | 0x20 | 0x40 | 0x80  # clocks held down by a limit other than the power cap
+POWER_CAP = 0x4  # sw-power-cap: the power limit holds the clocks (expected under load)
+SW_THERMAL = 0x20
+HW_SLOWDOWNS = 0x8 | 0x40 | 0x80  # hw-slowdown, hw-thermal, hw-power-brake
+THERMAL = 0x20 | 0x40
+SLOWDOWNS = HW_SLOWDOWNS | SW_THERMAL  # clocks held down by a limit other than the power cap
 
 
 def throttle_names(mask: int | None) -> list[str]:
@@ -100,12 +104,10 @@ def throttle(rec: Rec, samples: list[dict], when: str = "under load") -> None:
     mask = 0
     for m in masks:
         mask |= int(m)
-    hard = mask & (0x8 | 0x40 | 0x80)  # HW slowdown, HW thermal, HW power brake
-    soft = mask & 0x20  # SW thermal slowdown
     names = throttle_names(mask)
-    verdict = "fail" if hard else ("warn" if soft else "pass")
+    verdict = "fail" if mask & HW_SLOWDOWNS else ("warn" if mask & SW_THERMAL else "pass")
     rec("gpu.throttle", verdict, measured=hex(mask),
-        hint="cooling" if mask & 0x60 else "power",
+        hint="cooling" if mask & THERMAL else "power",
         detail=f"clock event reasons {when}: {', '.join(names) or 'none'}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .health import SLOWDOWNS, temperature, throttle_names
+from .health import POWER_CAP, SLOWDOWNS, THERMAL, temperature, throttle_names
 from .xid import pci_key
 
 if TYPE_CHECKING:
@@ -80,9 +80,9 @@ def _throttle(rec: Callable[..., None], inside: list[dict]) -> None:
     for m in masks:
         union |= m
     slow = union & SLOWDOWNS
-    capped = sum(1 for m in masks if m & 0x4)
+    capped = sum(1 for m in masks if m & POWER_CAP)
     rec("burnin.throttle", "fail" if slow else "pass", measured=hex(union),
-        hint="cooling" if union & 0x60 else "power",
+        hint="cooling" if union & THERMAL else "power",
         detail=f"clock event reasons over {len(masks)} samples: "
         f"{', '.join(throttle_names(union)) or 'none'}; power cap in {capped} of them "
         "(allowed); any other slowdown fails")
