@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import inventory_options, json_option
+from umprov.cli.options import inventory_options, json_option, not_blank
 from umprov.output import emit_json, say
 
 if TYPE_CHECKING:
@@ -27,8 +27,9 @@ def image() -> None:
               help="torch wheel to carry in the context, for a base without torch.")
 @click.option("--python", "python_version", metavar="X.Y",
               help="Python of the base, when the base is not on the engine to ask.")
-@click.option("--host", metavar="HOST", help="Build on this inventory host's engine (over SSH; "
-              "the inventory: -i, else ansible.cfg's).")
+@click.option("--host", metavar="HOST", callback=not_blank,
+              help="Build on this inventory host's engine (over SSH; the inventory: -i, else "
+              "ansible.cfg's).")
 @inventory_options(positional=False)
 @click.option("--trust-new-hosts", is_flag=True,
               help="Record the host key of a host never seen before (first contact only).")
@@ -56,7 +57,7 @@ def build(
 
     base = check_image(base or image_mod.DEFAULT_BASE, "--base")
     tag = check_image(tag or image_mod.DEFAULT_TAG, "--tag")
-    if host:
+    if host is not None:
         from umprov.hosts.engine import docker_client
         from umprov.inventory import load_inventory
 
