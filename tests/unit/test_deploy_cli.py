@@ -213,22 +213,26 @@ def test_deploy_option_values_checked_before_hosts(umprov_cli, pubkey, tmp_path,
 
 
 @pytest.mark.parametrize(
-    ("host_vars", "message"),
+    ("host_vars", "code", "message"),
     [
-        ("umprov_image: 'No Such/Image!'", "gpu2: umprov_image: 'No Such/Image!' is not an image"),
-        ("umprov_container_name: '-x'", "gpu2: umprov_container_name: '-x' is not valid"),
-        ("{umprov_ssh_port: 8888, umprov_jupyter_port: 8888}", "both 8888"),
+        # One value: the inventory's own check, as `umprov inventory check` makes it (exit 3).
+        ("umprov_image: 'No Such/Image!'", 3,
+         "hosts.yml:4: variable 'umprov_image' on host 'gpu2': 'No Such/Image!' is not an image"),
+        ("umprov_container_name: '-x'", 3,
+         "hosts.yml:4: variable 'umprov_container_name' on host 'gpu2': '-x' is not valid"),
+        # Two values that clash: deploy's (exit 4).
+        ("{umprov_ssh_port: 8888, umprov_jupyter_port: 8888}", 4, "both 8888"),
     ],
 )
 def test_deploy_host_values_checked_before_any_host(umprov_cli, pubkey, tmp_path, no_contact,
-                                                    host_vars, message):
+                                                    host_vars, code, message):
     inventory = tmp_path / "hosts.yml"
     text = host_vars if host_vars.startswith("{") else "{" + host_vars + "}"
     inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n"
                          f"    gpu2: {text}\n")
     result = umprov_cli("deploy", str(inventory), "--authorized-key", str(pubkey))
-    assert result.exit_code == 4, result.stderr
-    assert message in result.stderr
+    assert result.exit_code == code, result.stderr
+    assert message in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_deploy_defaults_to_the_image_image_build_tags():
@@ -293,3 +297,19 @@ def test_a_failed_download_for_another_target_keeps_the_wheel_cache(tmp_path, mo
     assert image.download_wheels(cache, ["numpy"], target, find_links=[]) == 1
     assert sorted(p.name for p in cache.iterdir()) == [
         ".target.json", "numpy-2-cp312-x.whl", "requirements.txt"]
+
+
+def test_deploy_touches_no_host_when_one_name_cannot_name_its_files(
+        umprov_cli, pubkey, tmp_path, no_contact, monkeypatch):
+    import umprov.deploy.run
+
+    def deploy(*_args, **_kwargs):
+        raise AssertionError("a host was deployed to")
+
+    monkeypatch.setattr(umprov.deploy.run, "deploy", deploy)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n"
+                         "    ../evil: {ansible_host: 10.0.0.2}\n")
+    result = umprov_cli("deploy", str(inventory), "--authorized-key", str(pubkey))
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith(f"umprov: error: {inventory}: host name '../evil' cannot")

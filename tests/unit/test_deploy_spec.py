@@ -104,6 +104,25 @@ def test_settings_errors():
         options.settings_for(FakeHost(), options.DeployOptions(image="i", name="bad name"))
 
 
+@pytest.mark.parametrize(("host_vars", "message"), [
+    ({"umprov_bind": "999.1.1.1"}, "gpu1: umprov_bind must be an IP address"),
+    ({"umprov_gpus": "0,0,x"}, "gpu1: umprov_gpus: 'x' is not a GPU index"),
+    ({"umprov_gpus": "0,0"}, "gpu1: umprov_gpus lists a GPU twice"),
+])
+def test_a_bad_host_variable_is_named_never_an_option_not_given(host_vars, message):
+    with pytest.raises(ConfigError) as err:
+        options.settings_for(FakeHost(vars=host_vars), options.DeployOptions(image="i"))
+    assert str(err.value).startswith(message), str(err.value)
+    assert "--" not in str(err.value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0, ["0"]), (3, ["3"]), ("0", ["0"]),
+                                                 ("", "all"), (None, "all")])
+def test_umprov_gpus_zero_is_gpu_zero_never_all(value, expected):
+    host = FakeHost(vars={"umprov_gpus": value})
+    assert options.settings_for(host, options.DeployOptions(image="i")).gpus == expected
+
+
 # --- the spec and its hash -------------------------------------------------------------------
 
 

@@ -329,3 +329,45 @@ def test_a_groups_typo_is_one_line_naming_its_hosts(tmp_path, roles_dir):
     (line,) = info.value.lines()
     assert line.startswith(f"{folder / 'group_vars' / 'all.yml'}:1: unknown umprov variable")
     assert "on hosts 'gpu01', 'gpu02', 'gpu03' and 2 more" in line
+
+
+# Deploy's values are checked where every variable is: `inventory check` and every command
+# refuse them before any host is touched (umprov/inventory/values.py).
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("umprov_bind: 999.1.1.1", "variable 'umprov_bind' on host 'gpu01' must be an IP address "
+                               "(e.g. 127.0.0.1), not '999.1.1.1'"),
+    ("umprov_gpus: '0,0'", "variable 'umprov_gpus' on host 'gpu01' lists a GPU twice: 0,0"),
+    ("umprov_gpus: '0,x'", "variable 'umprov_gpus' on host 'gpu01': 'x' is not a GPU index"),
+    ("umprov_container_name: ../x", "variable 'umprov_container_name' on host 'gpu01': '../x' "
+                                    "is not valid as a container name"),
+    ("umprov_image: 'UPPER:tag with space'", "variable 'umprov_image' on host 'gpu01': "
+                                             "'UPPER:tag with space' is not an image reference"),
+    ("umprov_image: \"{{ 'Bad' }}\"", "variable 'umprov_image' on host 'gpu01': 'Bad' is not an "
+                                      "image reference (e.g. umprov/pytorch-cuda:0.1.0), from "
+                                      "the template"),
+])
+def test_deploy_values_are_checked_with_the_inventory(tmp_path, umprov_cli, line, expected):
+    path = write(tmp_path / "hosts.yml",
+                 f"all:\n  hosts:\n    gpu01:\n      ansible_host: 10.0.0.1\n      {line}\n")
+    result = umprov_cli("inventory", "check", str(path))
+    assert result.exit_code == ExitCode.INVENTORY, result.output
+    assert result.stderr.startswith(f"umprov: error: {path}:5: {expected}"), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("line", ["umprov_gpus: 0", "umprov_gpus: none", "umprov_bind: '::1'",
+                                  "umprov_image: ''", "umprov_container_name: gpu-box_1"])
+def test_good_deploy_values_pass_the_inventory(tmp_path, roles_dir, line):
+    path = write(tmp_path / "hosts.yml",
+                 f"all:\n  hosts:\n    gpu01:\n      ansible_host: 10.0.0.1\n      {line}\n")
+    (host,) = load_inventory(str(path), roles_dir=roles_dir).hosts
+    assert line.split(":")[0] in host.vars
+
+
+def test_a_host_name_that_cannot_name_its_files_is_refused_up_front(tmp_path, roles_dir):
+    path = write(tmp_path / "hosts.yml", "all:\n  hosts:\n    gpu01:\n    ../evil:\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(str(path), roles_dir=roles_dir)
+    assert str(info.value).startswith(f"{path}: host name '../evil' cannot name umprov's files")

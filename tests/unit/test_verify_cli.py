@@ -84,6 +84,34 @@ def test_a_bad_profile_file_is_one_line(umprov_cli, tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("profile", "args", "refused"), [
+    ("nosuch", [], True),
+    ("h100-sxm", [], False),
+    ("mine", [], True),
+    ("mine", ["--profile-file", "{file}"], False),  # the file adds it
+    ("nosuch", ["--profile", "h100-sxm"], False),  # --profile wins over every host's
+])
+def test_a_host_profile_that_does_not_exist_stops_verify_before_any_host(
+        umprov_cli, monkeypatch, tmp_path, profile, args, refused):
+    import umprov.verify.remote as rem
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n"
+                         f"    gpu2: {{ansible_host: 10.0.0.2, umprov_gpu_profile: {profile}}}\n")
+    (tmp_path / "p.yml").write_text("profiles:\n  mine:\n    match: [Mine]\n")
+    reached = []
+    monkeypatch.setattr(rem, "verify_hosts", lambda hs, *_a, **_k: reached.extend(hs) or [])
+    args = [a.replace("{file}", str(tmp_path / "p.yml")) for a in args]
+    result = umprov_cli("verify", str(inventory), *args)
+    if refused:
+        assert result.exit_code == 4, result.stderr
+        assert result.stderr.startswith(f"umprov: error: gpu2: umprov_gpu_profile: profile "
+                                        f"'{profile}' does not exist (known: ")
+        assert not reached
+    else:
+        assert [h.name for h in reached] == ["gpu1", "gpu2"], result.stderr
+
+
 def test_timeout_must_be_positive(umprov_cli):
     assert umprov_cli("verify", "--local", "--timeout", "0").exit_code == 2
 

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
+from umprov.cli.options import (
+    fan_out_width,
+    forks_option,
+    inventory_options,
+    json_option,
+    limit_option,
+)
 from umprov.hosts import render
 from umprov.hosts.progress import size_text
 from umprov.output import emit_json, print_outcomes, say, say_problems, say_untrusted
@@ -20,8 +26,7 @@ if TYPE_CHECKING:
 
 @click.command()
 @inventory_options()
-@click.option("--limit", "-l", metavar="PATTERN",
-              help="Only hosts or groups matching (globs, commas).")
+@limit_option()
 @click.option("--image", metavar="IMAGE", help="Image to run (default: the host's umprov_image, "
               "else the tag `umprov image build` gives).")
 @click.option("--pull", is_flag=True,

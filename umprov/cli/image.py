@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import inventory_options, json_option
+from umprov.cli.options import inventory_options, json_option, not_blank
 from umprov.output import emit_json, say
 
 if TYPE_CHECKING:
@@ -28,8 +28,9 @@ def image() -> None:
               help="torch wheel to carry in the context, for a base without torch.")
 @click.option("--python", "python_version", metavar="X.Y",
               help="Python of the base, when the base is not on the engine to ask.")
-@click.option("--host", metavar="HOST", help="Build on this inventory host's engine (over SSH; "
-              "the inventory: -i, else ansible.cfg's).")
+@click.option("--host", metavar="HOST", callback=not_blank,
+              help="Build on this inventory host's engine (over SSH; the inventory: -i, else "
+              "ansible.cfg's).")
 @inventory_options(positional=False)
 @click.option("--trust-new-hosts", is_flag=True,
               help="Record the host key of a host never seen before (first contact only).")
@@ -60,7 +61,7 @@ def build(
     if python_version is not None and not re.fullmatch(r"3\.\d{1,2}", python_version):
         raise ConfigError(f"--python {python_version!r}: not a Python version such as 3.11")
     image_mod.requirements(torch_wheel)  # a wheel not named as torch's: refused before a host
-    if host:
+    if host is not None:
         from umprov.hosts.engine import docker_client
         from umprov.inventory import load_inventory
 

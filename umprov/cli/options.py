@@ -19,6 +19,28 @@ def json_option(func: F) -> F:
     )(func)
 
 
+def not_blank(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A Click callback: a host, name or pattern given as "" or spaces (``--limit "$UNSET"``)
+    is a ConfigError naming the option, never every host or none."""
+    if value is not None and not value.strip():
+        from umprov.errors import ConfigError
+
+        name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+        groups = " or a group ('all': every host)" if param.metavar == "PATTERN" else ""
+        raise ConfigError(f"{name} is empty: name a host{groups}")
+    return value
+
+
+def limit_option(*aliases: str) -> Callable[[F], F]:
+    """``--limit/-l PATTERN``, the same in every command that runs on hosts: an Ansible
+    pattern, as ansible-playbook's --limit takes it (Inventory.select)."""
+    return click.option(
+        "--limit", "-l", *aliases, "limit", metavar="PATTERN", callback=not_blank,
+        help="Only these hosts, as ansible-playbook --limit takes them: names, groups, globs, "
+        "~regex, a:b, a:!b (but not), a:&b (and), group[0], @FILE; all: every host"
+        + (f" ({', '.join(aliases)} is the same)." if aliases else "."))
+
+
 def inventory_options(*, positional: bool = True) -> Callable[[F], F]:
     """The inventory, given the same way in every command, as ansible-playbook takes it:
     ``-i/--inventory`` (repeatable; with ``positional``, the first may also be the command's

@@ -6,7 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import ask_become_password, inventory_options, json_option
+from umprov.cli.options import (
+    ask_become_password,
+    inventory_options,
+    json_option,
+    limit_option,
+)
 from umprov.hosts import render
 from umprov.output import emit_json, print_outcomes, say, say_untrusted
 
@@ -24,7 +29,7 @@ COLUMNS: list[render.Field] = [
 
 @click.command()
 @inventory_options()
-@click.option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")
+@limit_option()
 @click.option(
     "--only",
     type=click.Choice(ONLY),
@@ -118,7 +123,7 @@ def provision(
     become = None
     if ask_become_pass or prov.become_ask_pass_configured():
         become = Secret(ask_become_password())
-    hosts = inv.select(limit) if limit else inv.hosts
+    hosts = inv.select(limit)
     if trust_new_hosts:
         from umprov.hosts.ssh import record_new_host_keys
 

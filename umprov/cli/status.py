@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
+from umprov.cli.options import (
+    fan_out_width,
+    forks_option,
+    inventory_options,
+    json_option,
+    limit_option,
+    not_blank,
+)
 from umprov.errors import ExitCode
 from umprov.hosts import render
 from umprov.output import emit_json, print_outcomes, say_problems, say_untrusted
@@ -42,9 +49,9 @@ COLUMNS: list[render.Field] = [
 
 @click.command()
 @inventory_options()
-@click.option("--limit", "-l", metavar="PATTERN", help="Only hosts or groups matching.")
+@limit_option()
 @click.option("--name", metavar="NAME", help="Container name (default: umprov).")
-@click.option("--connect", "connect_host", metavar="HOST",
+@click.option("--connect", "connect_host", metavar="HOST", callback=not_blank,
               help="Print the ssh command and the Jupyter URL WITH its token for HOST.")
 @click.option("--trust-new-hosts", is_flag=True, help="Record keys of hosts never seen before.")
 @forks_option
@@ -64,7 +71,7 @@ def status(
     umprov status inventory/hosts.yml
     umprov status --connect gpu1     # prints the Jupyter token: for your eyes only
     """
-    if connect_host:
+    if connect_host is not None:
         from umprov.status import connect_info, connect_text
 
         if as_json:

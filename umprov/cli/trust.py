@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from umprov.cli.options import fan_out_width, forks_option, inventory_options, json_option
+from umprov.cli.options import (
+    fan_out_width,
+    forks_option,
+    inventory_options,
+    json_option,
+    not_blank,
+)
 from umprov.hosts import HostLike
 from umprov.output import emit_json, say
 
@@ -38,7 +44,7 @@ def _parse_address(text: str) -> _Target | None:
 
 
 @click.command()
-@click.argument("host")
+@click.argument("host", callback=not_blank)
 @inventory_options(positional=False)
 @click.option("--yes", "-y", is_flag=True, help="Record without asking (scripted use).")
 @forks_option

@@ -14,6 +14,7 @@ from umprov.cli.options import (
     forks_option,
     inventory_options,
     json_option,
+    limit_option,
 )
 from umprov.errors import ConfigError
 from umprov.output import emit_json, say, say_untrusted
@@ -28,8 +29,7 @@ if TYPE_CHECKING:
 @click.option("--quick", is_flag=True, help="The fast subset: seconds, no bandwidth verdicts.")
 @click.option("--passive", is_flag=True, help="Reads only, safe beside a running job: GPU count, "
               "driver, ECC and row remapping, clock slowdowns, Xids, NVLink links (no CUDA).")
-@click.option("--limit", "-l", "--hosts", "limit", metavar="PATTERN",
-              help="Only hosts or groups matching (--hosts is the same).")
+@limit_option("--hosts")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Also write a JUnit XML report.")
 @click.option("--prometheus", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -271,9 +271,11 @@ def run_inventory(inventory: InventoryRequest, *, limit: str | None, quick: bool
                   passive: bool = False, forks: int | None = None) -> list[dict]:
     from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
+    from umprov.verify.profiles import check_host_profiles
     from umprov.verify.remote import VerifyOptions, verify_hosts
 
     hosts = list(load_inventory(inventory).select(limit))
+    check_host_profiles(hosts, overrides)
     opts = VerifyOptions(quick=quick, timeout=timeout, expected_gpus=expected_gpus, image=image,
                          profile=overrides or None, trust_new=trust_new, duration=duration,
                          exclusive=exclusive, passive=passive)

@@ -7,7 +7,6 @@ variables, which win over the defaults (``settings_for``).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ from umprov.hosts import HostLike, is_loopback
 from umprov.image import DEFAULT_TAG
 from umprov.inventory import check_format, deployed_container, flag
 from umprov.inventory.container_env import checked_env, env_problem
+from umprov.inventory.values import check_bind, check_container_name, check_image, parse_gpus
 
 DEFAULT_SSH_PORT = 2222
 DEFAULT_JUPYTER_PORT = 8888
@@ -27,35 +27,17 @@ DEFAULT_BIND = "127.0.0.1"
 DEFAULT_SHM = "16g"
 
 
-def parse_gpus(value: str) -> str | list[str]:
-    """'all', 'none', or a list of GPU indexes / UUIDs ('0,1', 'GPU-3f2a...')."""
-    text = str(value).strip().lower()
-    if text in ("all", "none"):
-        return text
-    items = [i.strip() for i in str(value).split(",") if i.strip()]
-    if not items:
-        raise ConfigError("--gpus is empty: use all, none, or a list such as 0,1")
-    for item in items:
-        if not (
-            (item.isascii() and item.isdigit() and len(item) <= 4)
-            or re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z-]+", item, re.ASCII)
-        ):
-            raise ConfigError(
-                f"--gpus: '{item}' is not a GPU index or UUID (use all, none, or e.g. 0,1)"
-            )
-    if len(set(items)) != len(items):
-        raise ConfigError(f"--gpus lists a GPU twice: {value}")
-    return items
-
-
 def _given(option: Any, flag: str, host: HostLike, variable: str, default: Any
            ) -> tuple[Any, str]:
     """The value that applies (the option, else the host's variable, else the default) and
-    what to call it in an error: the option, or the host and its variable."""
-    if option:
+    what to call it in an error: the option, or the host and its variable. Only None, and a
+    variable set to "", are unset: a 0 is a value (``umprov_gpus: 0`` is GPU 0, not all)."""
+    if option is not None:
         return option, flag
     value = (getattr(host, "vars", {}) or {}).get(variable)
-    return (value, f"{host.name}: {variable}") if value else (default, flag)
+    if value is None or value == "":
+        return default, flag
+    return value, f"{host.name}: {variable}"
 
 
 def check_port(value: Any, what: str) -> int:
@@ -73,52 +55,9 @@ def check_port(value: Any, what: str) -> int:
     return port
 
 
-# Docker's image reference grammar (distribution/reference): [domain[:port]/]path[:tag][@digest].
-_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_DOMAIN = (
-    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
-    r"(?::[0-9]+)?"
-)
-_IMAGE_REF = re.compile(
-    rf"(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
-    re.ASCII,
-)
-
-
-def check_image(value: str, what: str = "--image") -> str:
-    """An image reference Docker accepts (name[:tag][@digest]) or an image ID (sha256:...)."""
-    text = str(value).strip()
-    if not text:
-        raise ConfigError(f"{what} is empty: give an image such as umprov/pytorch-cuda:0.1.0")
-    if len(text) > 512 or not (
-        _IMAGE_REF.fullmatch(text) or re.fullmatch(r"sha256:[0-9a-f]{64}", text)
-    ):
-        raise ConfigError(
-            f"{what}: {text[:80]!r} is not an image reference (e.g. umprov/pytorch-cuda:0.1.0)"
-        )
-    return text
-
-
-def check_container_name(value: str, what: str) -> str:
-    """A name Docker accepts for a container."""
-    if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}", str(value), re.ASCII):
-        raise ConfigError(f"{what}: {str(value)[:80]!r} is not valid as a container name "
-                          "(letters, digits, and _ . - after the first)")
-    return str(value)
-
-
 def check_shm_size(value: str) -> str:
     """--shm-size as Docker reads a size (roles/gpu_preflight/files/value_rules.yml, 'size')."""
     return check_format("size", value, "--shm-size")
-
-
-def check_bind(value: str) -> str:
-    try:
-        return str(ipaddress.ip_address(value.strip("[]")))
-    except ValueError:
-        raise ConfigError(f"--bind must be an IP address (e.g. 127.0.0.1), not {value!r}") from None
 
 
 def check_public_key(text: str, source: str) -> str:
@@ -265,24 +204,21 @@ class HostSettings:
 def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     hv: Mapping[str, Any] = getattr(host, "vars", {}) or {}
     # Without --image or umprov_image: the image `umprov image build` tags by default.
-    image = opts.image or hv.get("umprov_image") or DEFAULT_TAG
-    check_image(image, "--image" if opts.image else f"{host.name}: umprov_image")
+    image = check_image(*_given(opts.image, "--image", host, "umprov_image", DEFAULT_TAG))
     ssh_port = check_port(*_given(opts.ssh_port, "--ssh-port", host, "umprov_ssh_port",
                                   DEFAULT_SSH_PORT))
     jupyter_port = check_port(*_given(opts.jupyter_port, "--jupyter-port", host,
                                       "umprov_jupyter_port", DEFAULT_JUPYTER_PORT))
     if ssh_port == jupyter_port:
         raise ConfigError(f"{host.name}: --ssh-port and --jupyter-port are both {ssh_port}")
-    bind = check_bind(opts.bind or str(hv.get("umprov_bind") or DEFAULT_BIND))
-    gpus = parse_gpus(opts.gpus or str(hv.get("umprov_gpus") or "all"))
-    name = check_container_name(
-        opts.name or deployed_container(hv),
-        "--name" if opts.name else f"{host.name}: umprov_container_name",
-    )
+    bind = check_bind(*_given(opts.bind, "--bind", host, "umprov_bind", DEFAULT_BIND))
+    gpus = parse_gpus(*_given(opts.gpus, "--gpus", host, "umprov_gpus", "all"))
+    name = check_container_name(*_given(opts.name, "--name", host, "umprov_container_name",
+                                        deployed_container(hv)))
     raise_limits = flag(hv.get("umprov_container_limits"), default=True)
     managed = (opts.managed_memory if opts.managed_memory is not None
                else flag(hv.get("umprov_managed_memory"), default=False))
-    return HostSettings(str(image), gpus, ssh_port, jupyter_port, bind, name, raise_limits,
+    return HostSettings(image, gpus, ssh_port, jupyter_port, bind, name, raise_limits,
                         managed, container_env(host, opts, managed))
 
 

@@ -7,13 +7,14 @@ group_vars/host_vars, precedence, vault-encrypted files and values, and template
 umprov then checks what Ansible does not: addresses, ports, duplicate endpoints, the names and
 types of umprov's and the roles' variables (argument_specs) and their value rules.
 
-    model.py       Host, Inventory, InventoryRequest
+    model.py       Host, Inventory (select: Ansible's --limit patterns), InventoryRequest
     sources.py     which sources: a command line's, or ansible.cfg's
     vault.py       vault passwords, gathered as ansible-playbook gathers them
     ansible_io.py  Ansible's InventoryManager, VariableManager, Templar; errors naming files
     specs.py       variable definitions and types (UMPROV_VARIABLES + argument_specs)
     rules.py       value rules (roles/gpu_preflight/files/value_rules.yml), shared with the play
     container_env.py  the container's environment (umprov_env, deploy --env): its rules
+    values.py      the container's image, name, GPUs and bind address (and deploy's options)
     validate.py    one Ansible host -> one checked Host; every problem listed at once
     origins.py     where a variable was set (file:line), a bool's too
 """
@@ -71,7 +72,7 @@ def load_inventory(
     if problems:
         first, *more = listed(problems)
         raise InventoryError(first, more=more)
-    return Inventory(sources=sources, hosts=tuple(hosts), vault=vault)
+    return Inventory(sources=sources, hosts=tuple(hosts), vault=vault, matcher=parsed.matching)
 
 
 def as_request(request: InventoryRequest | str | Sequence[str] | None) -> InventoryRequest:

@@ -19,6 +19,10 @@ from umprov.inventory.vault import Vault, quiet_ansible
 _WARNING = re.compile(r"^\[WARNING\]: Failed to parse inventory with '(?P<plugin>[\w.]+)' "
                       r"plugin: (?P<msg>.+)$", re.MULTILINE)
 _ORIGIN = re.compile(r"<<< caused by >>>\s*\n\s*\n[^\n]*\nOrigin: (?P<origin>[^\n<]+)")
+# Ansible's yaml and toml plugins warn, and go on, when a group holds a key other than vars,
+# children and hosts (a misspelt "hosts" leaves its hosts out).
+_SKIPPED = re.compile(r"Skipping unexpected key [(\"](?P<key>[^)\"\n]*)[)\"] "
+                      r"in group [(\"](?P<group>[^)\"\n]*)[)\"]")
 _CLASS = re.compile(r"<class '(?:[\w.]+\.)?(?:_AnsibleTagged)?(\w+)'>")
 # Ansible's words for an encrypted file read without a vault password, or with wrong ones.
 _NO_PASSWORD = ("A vault password must be specified", "no vault secrets found")
@@ -44,7 +48,31 @@ class Parsed:
                 raise InventoryError(self._explain(exc)) from None
 
     def hosts(self) -> list[Any]:
-        return list(self.manager.get_hosts())
+        """Every host; none is an InventoryError naming the sources, and the keys Ansible
+        skipped when it did (``all: {hsots: ...}``: Ansible only warns)."""
+        hosts = list(self.manager.get_hosts())
+        if not hosts:
+            skipped = [f"{m.group('key')!r} in group {m.group('group')!r}"
+                       for m in _SKIPPED.finditer(self.captured.getvalue())]
+            why = (f" (Ansible skipped {', '.join(skipped)}: a group holds only vars, children "
+                   "and hosts)") if skipped else ""
+            raise InventoryError(f"{', '.join(self.sources)}: no hosts{why}")
+        return hosts
+
+    def matching(self, pattern: str) -> list[str]:
+        """The names of the hosts ``pattern`` selects, as ``ansible-playbook --limit`` selects
+        them (Ansible's own matching: names, groups, globs, ~regex, a:b and a,b, a:!b, a:&b,
+        group[0], @FILE). A pattern Ansible refuses is a ConfigError naming it."""
+        from ansible.errors import AnsibleError
+
+        with quiet_ansible():
+            try:
+                self.manager.subset(pattern)
+                return [str(h.name) for h in self.manager.get_hosts()]
+            except AnsibleError as exc:
+                raise ConfigError(f"host pattern {pattern!r}: {first_line(exc)}") from None
+            finally:
+                self.manager.subset(None)
 
     def host_vars(self, host: Any) -> dict[str, Any]:
         """Every variable of ``host`` as a play sees it (untemplated); a vars file that cannot

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from umprov.errors import InventoryError
+from umprov.errors import ConfigError, InventoryError
 from umprov.inventory.vault import Vault
 
 HIDDEN = "<hidden>"  # a value umprov does not print
@@ -59,10 +59,12 @@ class InventoryRequest:
 @dataclass(frozen=True)
 class Inventory:
     """The hosts of one or more sources, and the vault passwords they were read with (which
-    ansible-playbook needs again)."""
+    ansible-playbook needs again). ``matcher`` gives the names of the hosts an Ansible pattern
+    selects, by Ansible's own matching (load_inventory's: the InventoryManager that read it)."""
 
     sources: tuple[str, ...]
     hosts: tuple[Host, ...]
+    matcher: Callable[[str], Sequence[str]] = field(compare=False, repr=False)
     vault: Vault = field(default_factory=Vault)
 
     @property
@@ -71,19 +73,16 @@ class Inventory:
         return ", ".join(self.sources)
 
     def select(self, pattern: str | None) -> tuple[Host, ...]:
-        """Hosts whose name or group matches a comma-separated list of names or globs."""
-        if not pattern:
+        """The hosts ``pattern`` selects as ``ansible-playbook --limit`` does (an Ansible
+        pattern: names, groups, globs, ~regex, unions a:b or a,b, a:!b, a:&b, group[0], @FILE;
+        ``all``), in inventory order; None: every host. An empty pattern selects nothing (it
+        never means all: a ConfigError), and a pattern no host matches is an InventoryError."""
+        if pattern is None:
             return self.hosts
-        from fnmatch import fnmatchcase
-
-        wanted = [p.strip() for p in pattern.split(",") if p.strip()]
-        picked = tuple(
-            h
-            for h in self.hosts
-            if any(
-                fnmatchcase(h.name, p) or any(fnmatchcase(g, p) for g in h.groups) for p in wanted
-            )
-        )
+        if not pattern.strip():
+            raise ConfigError("an empty host pattern selects no host (all: every host)")
+        names = set(self.matcher(pattern))
+        picked = tuple(h for h in self.hosts if h.name in names)
         if not picked:
             raise InventoryError(f"{self.source}: no host matches '{pattern}'")
         return picked

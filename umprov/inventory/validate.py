@@ -28,6 +28,8 @@ from umprov.inventory.specs import (
     type_name,
     type_ok,
 )
+from umprov.inventory.values import value_problem
+from umprov.paths import safe_name
 
 _TEMPLATE = ("{{", "{%")
 _ADDRESS = ("ansible_host",)
@@ -122,6 +124,7 @@ def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Che
     name = str(ans_host.name)
     hv = HostVars(parsed, name, all_vars, checks.fallback)
     problems = Problems()
+    problems.attempt(_name, name, checks.fallback)
     problems.attempt(_refuse_replaced_ssh_args, hv)
     address = problems.attempt(_address, hv, name)
     port_key = hv.first(_PORT)
@@ -194,6 +197,16 @@ def _address(hv: HostVars, name: str) -> str:
     return address
 
 
+def _name(name: str, where: str) -> None:
+    """A host's name names its files in umprov's state folder (a token, a connection record, an
+    ssh_config) and its SSH alias: one that cannot ("../evil") is refused before any command
+    touches any host, never found by deploy on that host alone."""
+    try:
+        safe_name(name, "host name")
+    except ValueError as exc:
+        raise InventoryError(f"{where}: {exc}") from None
+
+
 def _refuse_replaced_ssh_args(hv: HostVars) -> None:
     """A host variable ``ansible_ssh_args`` outranks the ANSIBLE_SSH_ARGS through which
     provision makes OpenSSH check host keys against umprov's files: refused rather than let
@@ -257,6 +270,9 @@ def _checked(hv: HostVars, key: str, checks: Checks) -> Any:
     if problem:
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' is "
                              f"{short(value)!r}, {problem}{templ}")
+    problem = value_problem(key, plain(value), f"variable '{key}' on host '{name}'")
+    if problem:  # deploy's own check of the value (umprov/inventory/values.py)
+        raise InventoryError(f"{where}: {problem}{templ}")
     problem = _container_env_problem(hv, key, value)
     if problem:  # never the value itself: it may hold secrets
         raise InventoryError(f"{where}: variable '{key}' on host '{name}': {problem}{templ}")

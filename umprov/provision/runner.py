@@ -114,15 +114,11 @@ def _run(
     on_raw: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[Any, dict[str, HostCounts]]:
     """ansible-playbook through ansible-runner; its events to ``on_event`` as they come."""
-    results: dict[str, HostCounts] = {}
+    # The hosts --limit selects, by Ansible's own matching, as ansible-playbook will.
+    results = {host.name: HostCounts(host.name) for host in inventory.select(limit)}
     events: queue.Queue[dict[str, Any] | None] = queue.Queue()
     with runner_environment():
         thread, runner = start(private, play_path, limit, options, envvars, cancel, events)
-    try:
-        for host in inventory.select(limit):
-            results[host.name] = HostCounts(host.name)
-    except UmprovError:
-        pass  # an Ansible pattern richer than select() knows; hosts appear as events arrive
     try:
         while True:
             try:

@@ -24,6 +24,7 @@ measures, not spec-sheet peaks.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "BUILTIN_PROFILES",
     "LIMITS",
     "METRICS",
+    "check_host_profiles",
     "judge",
     "load_overrides",
     "resolve",
@@ -81,6 +83,20 @@ def resolve(overrides: dict[str, Any] | None = None) -> dict[str, dict]:
         return merge_profiles(BUILTIN_PROFILES, overrides or {})
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_host_profiles(hosts: Sequence[Any], overrides: Mapping[str, Any] | None) -> None:
+    """Each host's umprov_gpu_profile names a profile (built-in, or one the --profile-file adds):
+    a ConfigError naming the host and its variable otherwise, before any host is touched (the
+    agent would fail on that host alone). --profile wins over every host's."""
+    if (overrides or {}).get("profile"):
+        return
+    known = resolve(dict(overrides or {}))
+    for host in hosts:
+        forced = (getattr(host, "vars", {}) or {}).get("umprov_gpu_profile")
+        if forced not in (None, "") and str(forced) not in known:
+            raise ConfigError(f"{host.name}: umprov_gpu_profile: profile {str(forced)[:60]!r} "
+                              f"does not exist (known: {', '.join(sorted(known))})")
 
 
 def write_agent_profile(path: Path, overrides: dict[str, Any], *,
