@@ -184,6 +184,20 @@ def test_provision_trust_new_hosts_records_first_contact_only(inventory, umprov_
     assert result.exit_code == ExitCode.TRUST and "HOST KEY CHANGED" in result.stderr
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--playbook", "stie.yml", "playbook not found: "),
+    ("--strategy", "mitogen", "--strategy mitogen: the mitogen package is not installed")])
+def test_provision_records_no_key_when_an_option_is_bad(inventory, umprov_cli, monkeypatch,
+                                                        option, value, message):
+    import umprov.provision.environment
+
+    monkeypatch.setattr(umprov.provision.environment, "mitogen_strategy_dir", lambda: None)
+    monkeypatch.setattr(ssh, "record_new_host_keys", lambda hosts: pytest.fail("recorded"))
+    result = umprov_cli("provision", str(inventory), "--trust-new-hosts", option, value)
+    assert result.exit_code == ExitCode.CONFIG, result.stderr
+    assert message in result.stderr
+
+
 @pytest.mark.parametrize(
     ("text", "refused"),
     [

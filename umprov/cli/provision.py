@@ -124,6 +124,8 @@ def provision(
     if ask_become_pass or prov.become_ask_pass_configured():
         become = Secret(ask_become_password())
     hosts = inv.select(limit)
+    prov.playbook_path(playbook)  # a bad playbook or strategy stops before keys are recorded
+    prov.resolve_strategy(strategy)
     if trust_new_hosts:
         from umprov.hosts.ssh import record_new_host_keys
 

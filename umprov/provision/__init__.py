@@ -20,10 +20,10 @@ from umprov.provision.args import (
 )
 from umprov.provision.environment import STRATEGIES, mitogen_strategy_dir, resolve_strategy
 from umprov.provision.results import Event, EventSink, HostCounts, ProvisionResult, host_key_refused
-from umprov.provision.runner import run_playbook
+from umprov.provision.runner import playbook_path, run_playbook
 
 __all__ = [
     "STRATEGIES", "Event", "EventSink", "ExtraVars", "HostCounts", "ProvisionResult",
     "become_ask_pass_configured", "check_extra_files", "host_key_refused", "mitogen_strategy_dir",
-    "parse_extra", "parse_extra_vars", "resolve_strategy", "run_playbook",
+    "parse_extra", "parse_extra_vars", "playbook_path", "resolve_strategy", "run_playbook",
 ]

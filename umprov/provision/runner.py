@@ -40,6 +40,14 @@ STOP_GRACE_S = 5.0
 CANCEL_POLL_S = 0.5
 
 
+def playbook_path(playbook: str) -> Path:
+    """umprov's playbooks/PLAYBOOK; ConfigError when there is none."""
+    path = content_dir() / "playbooks" / playbook
+    if not path.is_file():
+        raise ConfigError(f"playbook not found: {path}")
+    return path
+
+
 def run_playbook(
     inventory: Inventory,
     *,
@@ -65,9 +73,7 @@ def run_playbook(
     ``on_raw`` sees every ansible-runner event as it arrives (umprov.rolling reads them).
     """
     root = content_dir()
-    play_path = root / "playbooks" / playbook
-    if not play_path.is_file():
-        raise ConfigError(f"playbook not found: {play_path}")
+    play_path = playbook_path(playbook)
     strategy_used, strategy_env = resolve_strategy(strategy)
     private = private_dir()
     options: list[str] = ["--tags", ",".join(tags)] if tags else []
