@@ -693,15 +693,15 @@ def test_extra_vars_files(work, body, encrypted):
     """-e @FILE: read as ansible-playbook reads it, or one line naming the file (exit 4).
     Checked directly: through the CLI a good file would go on to run a playbook."""
     from umprov.inventory import Vault
+    from umprov.inventory.ansible_io import load_vars_file
     from umprov.inventory.vault import VaultPassword
     from umprov.paths import Secret
-    from umprov.provision.args import check_extra_files
 
     data = body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
     path = write(work, ".yml", _vault_text(data.decode("utf-8", "replace")) if encrypted else data)
     vault = Vault((VaultPassword("default", secret=Secret(VAULT_PASSWORD)),))
     try:
-        check_extra_files([path], vault)
+        load_vars_file(path, vault)
     except ConfigError as exc:
         assert_one_line(exc)
         assert str(path) in str(exc)

@@ -148,6 +148,39 @@ def test_provision_bad_extra_var_exit_code(umprov_cli, tmp_path):
     assert "-e 'oops'" in result.stderr
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    (["-e", "umprov_sshport=3"], "-e: unknown umprov variable 'umprov_sshport' on host 'a'"),
+    (["-e", "umprov_ssh_port=x"], "-e: variable 'umprov_ssh_port' on host 'a' must be of type int"),
+    (["-e", "@VARS"], "-e @VARS: variable 'umprov_ssh_port' on host 'a' must be of type int")])
+def test_provision_checks_extra_vars_as_the_inventorys_before_any_host(
+        umprov_cli, tmp_path, monkeypatch, extra, message):
+    import umprov.provision
+
+    monkeypatch.setattr(umprov.provision, "run_playbook", lambda *a, **k: pytest.fail("ran"))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    a:\n      ansible_host: 127.0.0.1\n")
+    (tmp_path / "vars.yml").write_text("umprov_ssh_port: ten\n")
+    extra = [str(tmp_path / "vars.yml") if e == "@VARS" else e for e in extra]
+    extra = [f"@{e}" if e.endswith("vars.yml") else e for e in extra]
+    result = umprov_cli("provision", str(inv), *extra)
+    assert result.exit_code == ExitCode.INVENTORY, result.stderr
+    assert message.replace("@VARS", f"@{tmp_path / 'vars.yml'}") in result.stderr
+
+
+def test_an_extra_var_overrides_the_inventory_as_ansible_playbook_does(tmp_path):
+    from umprov.inventory import load_inventory
+
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    a:\n      ansible_host: 127.0.0.1\n"
+                   "      umprov_ssh_port: 2222\n")
+    (tmp_path / "vars.yml").write_text("umprov_ssh_port: 2200\nansible_port: 2022\n")
+    host, = load_inventory(str(inv), extra=[{"umprov_ssh_port": 2300},
+                                            tmp_path / "vars.yml"]).hosts
+    assert host.vars["umprov_ssh_port"] == 2200 and host.port == 2022  # the later one wins
+    with pytest.raises(ConfigError, match="not a file"):
+        load_inventory(str(inv), extra=[tmp_path])
+
+
 def test_strategy_linear_is_plain():
     assert environment.resolve_strategy("linear") == ("linear", {"ANSIBLE_STRATEGY": "linear"})
 

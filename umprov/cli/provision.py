@@ -118,8 +118,7 @@ def provision(
     variables = rolling_options(rolling, check=check, playbook=playbook, only=only, canary=canary,
                                 batch=batch, max_fail=max_fail, verify=verify_mode,
                                 drain_timeout=drain_timeout)
-    inv = load_inventory(inventory)
-    prov.check_extra_files(extra_vars, inv.vault)
+    inv = load_inventory(inventory, extra=extra_vars)  # -e values checked as the inventory's
     become = None
     if ask_become_pass or prov.become_ask_pass_configured():
         become = Secret(ask_become_password())

@@ -21,8 +21,9 @@ types of umprov's and the roles' variables (argument_specs) and their value rule
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from umprov.errors import InventoryError
 from umprov.inventory.model import Host, Inventory, InventoryRequest
@@ -47,9 +48,12 @@ __all__ = [
 
 
 def load_inventory(
-    request: InventoryRequest | str | Sequence[str] | None, *, roles_dir: Path | None = None
+    request: InventoryRequest | str | Sequence[str] | None, *, roles_dir: Path | None = None,
+    extra: Sequence[Mapping[str, Any] | Path] = (),
 ) -> Inventory:
-    """Find, read and validate an inventory; raise InventoryError with one line on a fault."""
+    """Find, read and validate an inventory; raise InventoryError with one line on a fault.
+    ``extra``: the -e variables in order (KEY=VALUE mappings, @FILE paths), over every host's
+    own as ansible-playbook puts them, and checked as the inventory's are."""
     from umprov.inventory.ansible_io import Parsed
     from umprov.inventory.validate import Checks, duplicates, listed, to_host
 
@@ -57,13 +61,16 @@ def load_inventory(
     sources = resolve_sources(request.sources)
     vault = resolve_vault(request.vault_ids, request.vault_password_files,
                           request.ask_vault_pass, request.prompt)
+    given, origins = _extra_vars(extra, vault)
     parsed = Parsed(sources, vault)
     specs = variable_specs(roles_dir)
-    checks = Checks(specs, umprov_prefixes(specs), value_rules(roles_dir), ", ".join(sources))
+    checks = Checks(specs, umprov_prefixes(specs), value_rules(roles_dir), ", ".join(sources),
+                    origins)
     hosts: list[Host] = []
     problems: list[tuple[str, str]] = []  # (host, message): every one is reported at once
     for ans_host in parsed.hosts():
-        all_vars = parsed.host_vars(ans_host)  # a vars file that cannot be read ends it here
+        # a vars file that cannot be read ends it here
+        all_vars = {**parsed.host_vars(ans_host), **given}
         try:
             hosts.append(to_host(parsed, ans_host, all_vars, checks))
         except InventoryError as exc:
@@ -73,6 +80,21 @@ def load_inventory(
         first, *more = listed(problems)
         raise InventoryError(first, more=more)
     return Inventory(sources=sources, hosts=tuple(hosts), vault=vault, matcher=parsed.matching)
+
+
+def _extra_vars(extra: Sequence[Mapping[str, Any] | Path], vault: Vault
+                ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The -e variables merged as ansible-playbook merges them (a later one wins), and where
+    each came from ("-e" or "-e @FILE") for messages."""
+    from umprov.inventory.ansible_io import load_vars_file
+
+    merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for item in extra:
+        values = load_vars_file(item, vault) if isinstance(item, Path) else dict(item)
+        merged.update(values)
+        origins.update(dict.fromkeys(values, f"-e @{item}" if isinstance(item, Path) else "-e"))
+    return merged, origins
 
 
 def as_request(request: InventoryRequest | str | Sequence[str] | None) -> InventoryRequest:

@@ -193,13 +193,15 @@ def plugin_error(source: str, text: str) -> str:
     return f"{where}: {_types(message.strip())}"
 
 
-def load_vars_file(path: Path, vault: Vault) -> None:
-    """Check a ``-e @FILE`` as ansible-playbook will read it (YAML or JSON, vault-encrypted or
-    not): a mapping of variables. A fault is a bad value (exit 4) naming the file."""
+def load_vars_file(path: Path, vault: Vault) -> dict[str, Any]:
+    """A ``-e @FILE`` as ansible-playbook will read it (YAML or JSON, vault-encrypted or not):
+    a mapping of variables. A fault is a bad value (exit 4) naming the file."""
     from ansible.errors import AnsibleError
 
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"-e @{path}: no such file")
+    if not path.is_file():
+        raise ConfigError(f"-e @{path}: not a file")
     with quiet_ansible():
         loader = _loader(vault)
         try:
@@ -208,6 +210,7 @@ def load_vars_file(path: Path, vault: Vault) -> None:
             raise ConfigError(f"-e @{file_error(str(path), exc)}") from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"-e @{path}: expected a mapping of variables, not a {type_name(data)}")
+    return dict(data or {})
 
 
 def first_line(exc: BaseException) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from umprov.errors import InventoryError
@@ -50,16 +50,19 @@ class Checks:
     prefixes: tuple[str, ...]
     rules: ValueRules
     fallback: str  # where a value came from when Ansible did not record it
+    given: Mapping[str, str] = field(default_factory=dict)  # -e variables: where each came from
 
 
 class HostVars:
     """One host's variables, each templated on first use, with its origin for messages."""
 
-    def __init__(self, parsed: Parsed, name: str, all_vars: dict[str, Any], fallback: str) -> None:
-        self.parsed, self.name, self.all_vars, self.fallback = parsed, name, all_vars, fallback
+    def __init__(self, parsed: Parsed, name: str, all_vars: dict[str, Any], checks: Checks) -> None:
+        self.parsed, self.name, self.all_vars = parsed, name, all_vars
+        self.fallback, self.given = checks.fallback, checks.given
 
     def where(self, key: str) -> str:
-        return variable_origin(key, self.name, self.all_vars) or self.fallback
+        return (self.given.get(key) or variable_origin(key, self.name, self.all_vars)
+                or self.fallback)
 
     def raw(self, key: str) -> Any:
         return self.all_vars.get(key)
@@ -122,7 +125,7 @@ class Problems:
 def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Checks) -> Host:
     """The checked Host; an InventoryError listing every problem of the host otherwise."""
     name = str(ans_host.name)
-    hv = HostVars(parsed, name, all_vars, checks.fallback)
+    hv = HostVars(parsed, name, all_vars, checks)
     problems = Problems()
     problems.attempt(_name, name, checks.fallback)
     problems.attempt(_refuse_replaced_ssh_args, hv)

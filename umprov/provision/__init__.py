@@ -14,7 +14,6 @@ from __future__ import annotations
 from umprov.provision.args import (
     ExtraVars,
     become_ask_pass_configured,
-    check_extra_files,
     parse_extra,
     parse_extra_vars,
 )
@@ -24,6 +23,6 @@ from umprov.provision.runner import playbook_path, run_playbook
 
 __all__ = [
     "STRATEGIES", "Event", "EventSink", "ExtraVars", "HostCounts", "ProvisionResult",
-    "become_ask_pass_configured", "check_extra_files", "host_key_refused", "mitogen_strategy_dir",
+    "become_ask_pass_configured", "host_key_refused", "mitogen_strategy_dir",
     "parse_extra", "parse_extra_vars", "playbook_path", "resolve_strategy", "run_playbook",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 
 from umprov.errors import ConfigError
 from umprov.hosts.ssh import ansible_ssh_args
-from umprov.inventory import Inventory, Vault
+from umprov.inventory import Inventory
 from umprov.paths import Secret, write_private
 
 EXTRA_VARS_FILE = "extravars.json"
@@ -47,7 +47,7 @@ def parse_extra_vars(pairs: Sequence[str]) -> dict[str, Any]:
 
 def parse_extra(items: Sequence[str]) -> list[ExtraVars]:
     """Every -e in order, as ansible-playbook merges them (a later one wins): runs of
-    KEY=VALUE pairs as one mapping, ``@FILE`` as its path (checked by check_extra_files)."""
+    KEY=VALUE pairs as one mapping, ``@FILE`` as its path (read by load_inventory)."""
     plan: list[ExtraVars] = []
     for item in items:
         if item.startswith("@"):
@@ -59,15 +59,6 @@ def parse_extra(items: Sequence[str]) -> list[ExtraVars]:
         else:
             plan.append(parse_extra_vars([item]))
     return plan
-
-
-def check_extra_files(plan: Sequence[ExtraVars], vault: Vault) -> None:
-    """Each -e @FILE read as ansible-playbook will read it, before any host is contacted."""
-    from umprov.inventory.ansible_io import load_vars_file
-
-    for item in plan:
-        if isinstance(item, Path):
-            load_vars_file(item, vault)
 
 
 def become_ask_pass_configured() -> bool:
