@@ -213,7 +213,7 @@ def test_bad_rolling_options_are_refused_before_any_host(umprov_cli, args, code,
 def test_rolling_options_need_rolling(umprov_cli):
     result = umprov_cli("provision", "nowhere.yml", "--batch", "3", "--verify", "quick")
     assert result.exit_code == 4
-    assert "--batch, --verify apply to --rolling only" in result.stderr
+    assert "--batch, --verify: only with --rolling" in result.stderr
 
 
 def test_the_help_shows_the_rolling_options(umprov_cli):

@@ -48,6 +48,10 @@ CASES = [
     ("nvidia_container_toolkit_version", "stable", False),
     ("gpu_preflight_command_timeout", 30, True),
     ("gpu_preflight_command_timeout", True, False),
+    ("umprov_rolling_batch", "25%", True),
+    ("umprov_rolling_batch", "100%,3", True),
+    ("umprov_rolling_batch", "150%", False),  # more hosts than there are
+    ("umprov_rolling_batch", "0%", False),
 ]
 
 

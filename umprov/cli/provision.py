@@ -182,7 +182,7 @@ def rolling_options(rolling: bool, *, check: bool, playbook: str, only: tuple[st
     if not rolling:
         stray = [flag for key, flag in named.items() if given[key] is not None]
         if stray:
-            raise ConfigError(f"{', '.join(stray)} apply to --rolling only")
+            raise ConfigError(f"{', '.join(stray)}: only with --rolling")
         return {}
     if check:
         raise ConfigError("--rolling cannot be a dry run (--check): it drains, changes, "
