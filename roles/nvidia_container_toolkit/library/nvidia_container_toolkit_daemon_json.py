@@ -124,6 +124,45 @@ def engine_runtimes(timeout=30):
     return runtimes if isinstance(runtimes, dict) else None
 
 
+def read_existing(module, path):
+    """The file's text and its JSON object ("" and {} where there is none); a file that is
+    not a JSON object fails the task: it is the admin's to fix, never overwritten."""
+    if not os.path.exists(path):
+        return "", {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        module.fail_json(msg="%s cannot be read: %s" % (path, exc))
+    if not text.strip():
+        return text, {}
+    try:
+        existing = json.loads(text)
+    except ValueError as exc:
+        module.fail_json(msg="%s is not valid JSON (%s); fix it by hand first." % (path, exc))
+    if not isinstance(existing, dict):
+        module.fail_json(msg="%s is not a JSON object; fix it by hand first." % path)
+    return text, existing
+
+
+def write_atomic(module, path, text):
+    """The file replaced whole (a temporary file beside it, synced, then renamed)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".daemon.json.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        module.fail_json(msg="writing %s failed: %s" % (path, exc))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -141,24 +180,7 @@ def main():
     )
     p = module.params
     path = p["path"]
-    before_text = ""
-    existing = {}
-    if os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                before_text = fh.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            module.fail_json(msg="%s cannot be read: %s" % (path, exc))
-        if before_text.strip():
-            try:
-                existing = json.loads(before_text)
-            except ValueError as exc:
-                module.fail_json(
-                    msg="%s is not valid JSON (%s); fix it by hand first." % (path, exc)
-                )
-            if not isinstance(existing, dict):
-                module.fail_json(msg="%s is not a JSON object; fix it by hand first." % path)
-
+    before_text, existing = read_existing(module, path)
     wanted = merge(existing, p["options"])
     wanted = merge(
         wanted, {"runtimes": {p["runtime_name"]: {"path": p["runtime_path"], "args": []}}}
@@ -169,20 +191,7 @@ def main():
     after_text = render(wanted)
 
     if file_changed and not module.check_mode:
-        directory = os.path.dirname(path) or "."
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".daemon.json.", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(after_text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except OSError as exc:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            module.fail_json(msg="writing %s failed: %s" % (path, exc))
+        write_atomic(module, path, after_text)
 
     docker_installed = any(os.path.exists(d) for d in p["dockerd_paths"])
     loaded = None
