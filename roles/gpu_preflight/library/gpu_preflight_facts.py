@@ -377,13 +377,18 @@ def _nvidia_smi_candidates(extra):
     return found
 
 
-def driver_facts(module, extra_paths, patterns, timeout):
+def _loaded_module():
+    """The loaded kernel module's version and flavour (open or proprietary), or ""."""
     proc_version = _read("/proc/driver/nvidia/version")
-    loaded_version, loaded_flavour = "", ""
     match = re.search(r"Kernel Module(?: for [^ ]+)?\s+([0-9]+\.[0-9]+(?:\.[0-9]+)?)", proc_version)
-    if match:
-        loaded_version = match.group(1)
-        loaded_flavour = "open" if "open kernel module" in proc_version.lower() else "proprietary"
+    if not match:
+        return "", ""
+    return match.group(1), "open" if "open kernel module" in proc_version.lower() else "proprietary"
+
+
+def _ask_nvidia_smi(module, extra_paths, timeout):
+    """The first nvidia-smi that answers: its path, driver version, rc and, where none
+    answered, the last one's first line."""
     smi_path, smi_version, smi_rc, smi_message = "", "", None, ""
     for candidate in _nvidia_smi_candidates(extra_paths):
         bindir = os.path.dirname(os.path.realpath(candidate))
@@ -404,19 +409,27 @@ def driver_facts(module, extra_paths, patterns, timeout):
         )
         smi_path, smi_rc = candidate, rc
         if rc == 0 and out.strip():
-            smi_version = out.strip().splitlines()[0].strip()
-            smi_message = ""
-            break
+            return candidate, out.strip().splitlines()[0].strip(), rc, ""
         smi_message = (out + err).strip().splitlines()[0] if (out + err).strip() else "rc=%s" % rc
+    return smi_path, smi_version, smi_rc, smi_message
+
+
+def _package_owner(module, smi_path, timeout):
+    """The Debian package that installed nvidia-smi ("" when none did, or no dpkg)."""
+    if not smi_path or not shutil.which("dpkg"):
+        return ""
+    rc, out, _err = _run(module, ["dpkg", "-S", os.path.realpath(smi_path)], timeout)
+    if rc != 0:
+        rc, out, _err = _run(module, ["dpkg", "-S", smi_path], timeout)
+    return out.split(":", 1)[0].strip() if rc == 0 else ""
+
+
+def driver_facts(module, extra_paths, patterns, timeout):
+    loaded_version, loaded_flavour = _loaded_module()
+    smi_path, smi_version, smi_rc, smi_message = _ask_nvidia_smi(module, extra_paths, timeout)
     packages = dpkg_status(module, patterns, timeout)
     installed_pkgs = {name: info["version"] for name, info in packages.items() if info["installed"]}
-    owner = ""
-    if smi_path and shutil.which("dpkg"):
-        rc, out, _err = _run(module, ["dpkg", "-S", os.path.realpath(smi_path)], timeout)
-        if rc != 0:
-            rc, out, _err = _run(module, ["dpkg", "-S", smi_path], timeout)
-        if rc == 0:
-            owner = out.split(":", 1)[0].strip()
+    owner = _package_owner(module, smi_path, timeout)
     answers = bool(smi_version)
     present = bool(smi_path or loaded_version or installed_pkgs)
     if not present:
