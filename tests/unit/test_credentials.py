@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import umprov.provision
+from tests.conftest import REPO
 from tests.unit.test_inventory_ansible import encrypt
 from umprov.errors import ExitCode
 from umprov.paths import Secret
@@ -32,7 +33,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A project of one playbook that prints the variables it was given."""
     root = tmp_path / "project"
     (root / "playbooks").mkdir(parents=True)
-    (root / "roles").mkdir()
+    (root / "roles").symlink_to(REPO / "roles")  # the variables' specs the inventory is checked by
     (root / "ansible.cfg").write_text("[defaults]\nroles_path = roles\n")
     (root / "playbooks" / "site.yml").write_text(textwrap.dedent("""
         - name: Show what arrived
