@@ -311,5 +311,5 @@ def test_deploy_touches_no_host_when_one_name_cannot_name_its_files(
     inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n"
                          "    ../evil: {ansible_host: 10.0.0.2}\n")
     result = umprov_cli("deploy", str(inventory), "--authorized-key", str(pubkey))
-    assert result.exit_code == 3, result.output
-    assert result.stderr.startswith(f"umprov: error: {inventory}: host name '../evil' cannot")
+    assert result.exit_code == 4, result.output
+    assert result.stderr.startswith("umprov: error: ../evil: host name '../evil' cannot")

@@ -366,8 +366,11 @@ def test_good_deploy_values_pass_the_inventory(tmp_path, roles_dir, line):
     assert line.split(":")[0] in host.vars
 
 
-def test_a_host_name_that_cannot_name_its_files_is_refused_up_front(tmp_path, roles_dir):
+def test_any_name_ansible_takes_is_a_host_for_commands_that_name_no_files(tmp_path, roles_dir):
+    """Only deploy and status --connect name files after a host (checked there): an IPv6
+    literal or a cloud inventory's name with a space is an inventory's host like any other."""
     path = write(tmp_path / "hosts.yml", "all:\n  hosts:\n    gpu01:\n    ../evil:\n")
-    with pytest.raises(InventoryError) as info:
-        load_inventory(str(path), roles_dir=roles_dir)
-    assert str(info.value).startswith(f"{path}: host name '../evil' cannot name umprov's files")
+    assert [h.name for h in load_inventory(str(path), roles_dir=roles_dir).hosts] == [
+        "gpu01", "../evil"]
+    assert [h.name for h in load_inventory("2001:db8::1,", roles_dir=roles_dir).hosts] == [
+        "2001:db8::1"]

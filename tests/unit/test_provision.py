@@ -181,6 +181,31 @@ def test_an_extra_var_overrides_the_inventory_as_ansible_playbook_does(tmp_path)
         load_inventory(str(inv), extra=[tmp_path])
 
 
+def test_extra_vars_are_templated_as_ansible_playbook_templates_them(tmp_path):
+    from umprov.inventory import load_inventory
+
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  vars: {reg: registry.example.com:5000}\n  hosts:\n"
+                   "    a: {ansible_host: 10.0.0.1}\n    b: {ansible_host: 10.0.0.2}\n")
+    (tmp_path / "vars.yml").write_text('umprov_ssh_port: "{{ 2200 + 1 }}"\n')
+    hosts = load_inventory(str(inv), extra=[
+        {"umprov_image": "{{ reg }}/pytorch:1", "nvidia_driver_version": "{{ ansible_facts.x }}"},
+        tmp_path / "vars.yml"]).hosts
+    assert hosts[0].vars["umprov_image"] == "registry.example.com:5000/pytorch:1"
+    assert hosts[0].vars["umprov_ssh_port"] == 2201
+
+
+def test_an_extra_address_for_every_host_is_no_duplicate(tmp_path):
+    """provision -l a -e ansible_host=X: ansible-playbook dials X for the one host it runs."""
+    from umprov.inventory import load_inventory
+
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    a: {ansible_host: 10.0.0.1}\n"
+                   "    b: {ansible_host: 10.0.0.2}\n")
+    hosts = load_inventory(str(inv), extra=[{"ansible_host": "10.9.9.9"}]).select("a")
+    assert [(h.name, h.address) for h in hosts] == [("a", "10.9.9.9")]
+
+
 def test_strategy_linear_is_plain():
     assert environment.resolve_strategy("linear") == ("linear", {"ANSIBLE_STRATEGY": "linear"})
 

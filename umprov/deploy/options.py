@@ -20,6 +20,7 @@ from umprov.image import DEFAULT_TAG
 from umprov.inventory import check_format, deployed_container, flag
 from umprov.inventory.container_env import checked_env, env_problem
 from umprov.inventory.values import check_bind, check_container_name, check_image, parse_gpus
+from umprov.paths import safe_name
 
 DEFAULT_SSH_PORT = 2222
 DEFAULT_JUPYTER_PORT = 8888
@@ -258,5 +259,9 @@ def settings_for_all(hosts: list[HostLike], opts: DeployOptions) -> None:
     """Every host's settings checked before any host is contacted: a bad value (an option, or
     a host's variable) stops the run with exit 4 instead of failing hosts one by one."""
     for host in hosts:
+        try:  # it names the host's files in umprov's state folder and its SSH alias
+            safe_name(host.name, "host name")
+        except ValueError as exc:
+            raise ConfigError(f"{host.name}: {exc}") from None
         settings_for(host, opts)
         for_host(host, opts)

@@ -75,23 +75,36 @@ def load_inventory(
             hosts.append(to_host(parsed, ans_host, all_vars, checks))
         except InventoryError as exc:
             problems.extend((str(ans_host.name), line) for line in exc.lines())
-    problems.extend(("", line) for line in duplicates(hosts, checks.fallback))
+    if not origins.keys() & ENDPOINT_VARIABLES:  # -e gives every host one address: Ansible's way
+        problems.extend(("", line) for line in duplicates(hosts, checks.fallback))
     if problems:
         first, *more = listed(problems)
         raise InventoryError(first, more=more)
     return Inventory(sources=sources, hosts=tuple(hosts), vault=vault, matcher=parsed.matching)
 
 
+ENDPOINT_VARIABLES = {"ansible_host", "ansible_port", "ansible_ssh_port"}  # validate.py reads
+
+
 def _extra_vars(extra: Sequence[Mapping[str, Any] | Path], vault: Vault
                 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The -e variables merged as ansible-playbook merges them (a later one wins), and where
     each came from ("-e" or "-e @FILE") for messages."""
+    from ansible.template import trust_as_template
+
     from umprov.inventory.ansible_io import load_vars_file
+
+    def trusted(value: Any) -> Any:  # as ansible-playbook's own -e: templates are templated
+        if isinstance(value, str):
+            return trust_as_template(value)
+        if isinstance(value, Mapping):
+            return {k: trusted(v) for k, v in value.items()}
+        return [trusted(v) for v in value] if isinstance(value, list) else value
 
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for item in extra:
-        values = load_vars_file(item, vault) if isinstance(item, Path) else dict(item)
+        values = load_vars_file(item, vault) if isinstance(item, Path) else trusted(dict(item))
         merged.update(values)
         origins.update(dict.fromkeys(values, f"-e @{item}" if isinstance(item, Path) else "-e"))
     return merged, origins

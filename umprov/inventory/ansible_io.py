@@ -205,7 +205,7 @@ def load_vars_file(path: Path, vault: Vault) -> dict[str, Any]:
     with quiet_ansible():
         loader = _loader(vault)
         try:
-            data = loader.load_from_file(str(path))
+            data = loader.load_from_file(str(path), trusted_as_template=True)
         except AnsibleError as exc:
             raise ConfigError(f"-e @{file_error(str(path), exc)}") from None
     if data is not None and not isinstance(data, dict):

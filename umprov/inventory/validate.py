@@ -29,7 +29,6 @@ from umprov.inventory.specs import (
     type_ok,
 )
 from umprov.inventory.values import value_problem
-from umprov.paths import safe_name
 
 _TEMPLATE = ("{{", "{%")
 _ADDRESS = ("ansible_host",)
@@ -127,7 +126,6 @@ def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Che
     name = str(ans_host.name)
     hv = HostVars(parsed, name, all_vars, checks)
     problems = Problems()
-    problems.attempt(_name, name, checks.fallback)
     problems.attempt(_refuse_replaced_ssh_args, hv)
     address = problems.attempt(_address, hv, name)
     port_key = hv.first(_PORT)
@@ -198,16 +196,6 @@ def _address(hv: HostVars, name: str) -> str:
         raise InventoryError(f"{hv.where(key)}: host '{name}' has address {address!r}, which "
                              f"holds spaces or control characters{hv.from_template(key)}")
     return address
-
-
-def _name(name: str, where: str) -> None:
-    """A host's name names its files in umprov's state folder (a token, a connection record, an
-    ssh_config) and its SSH alias: one that cannot ("../evil") is refused before any command
-    touches any host, never found by deploy on that host alone."""
-    try:
-        safe_name(name, "host name")
-    except ValueError as exc:
-        raise InventoryError(f"{where}: {exc}") from None
 
 
 def _refuse_replaced_ssh_args(hv: HostVars) -> None:
