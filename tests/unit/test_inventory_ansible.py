@@ -308,3 +308,33 @@ def test_every_command_takes_the_inventory_the_same_way(umprov_cli):
         for option in ("-i, --inventory", "--vault-id", "--vault-password-file",
                        "--ask-vault-pass"):
             assert option in text, (command, option)
+
+
+def _inline(value: str) -> str:
+    """An inline vault value (``!vault |``), as ansible-vault encrypt_string writes one."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    data = VaultLib().encrypt(value, secret=VaultSecret(PASSWORD.encode())).decode()
+    return "!vault |\n" + "".join(f"      {line}\n" for line in data.splitlines())
+
+
+def test_inline_vault_values_are_read_and_never_printed(tmp_path, password_file, umprov_cli):
+    site = tmp_path / "site"
+    (site / "group_vars").mkdir(parents=True)
+    (site / "hosts.yml").write_text("all:\n  hosts:\n    gpu1: {ansible_host: 10.0.0.1}\n")
+    (site / "group_vars" / "all.yml").write_text(
+        f"nvidia_driver_version: {_inline('570.133.20')}"
+        f"umprov_env:\n  HF_TOKEN: {_inline('hf-secret-canary')}")
+    result = umprov_cli("inventory", "check", str(site), "--vault-password-file",
+                        str(password_file), "--json")
+    assert result.exit_code == 0, result.stderr
+    host = json.loads(result.stdout)["hosts"][0]
+    assert host["vars"]["nvidia_driver_version"] == "<hidden>"
+    assert host["vars"]["umprov_env"] == {"HF_TOKEN": "<hidden>"}
+    assert "570.133.20" not in result.output and "hf-secret-canary" not in result.output
+    (site / "group_vars" / "all.yml").write_text(f"umprov_ssh_port: {_inline('twenty-two')}")
+    result = umprov_cli("inventory", "check", str(site), "--vault-password-file",
+                        str(password_file))
+    assert result.exit_code == ExitCode.INVENTORY, result.stderr
+    assert "umprov_ssh_port" in result.stderr and "<hidden>" in result.stderr
+    assert "twenty-two" not in result.stderr

@@ -151,7 +151,9 @@ def test_provision_bad_extra_var_exit_code(umprov_cli, tmp_path):
 @pytest.mark.parametrize(("extra", "message"), [
     (["-e", "umprov_sshport=3"], "-e: unknown umprov variable 'umprov_sshport' on host 'a'"),
     (["-e", "umprov_ssh_port=x"], "-e: variable 'umprov_ssh_port' on host 'a' must be of type int"),
-    (["-e", "@VARS"], "-e @VARS: variable 'umprov_ssh_port' on host 'a' must be of type int")])
+    (["-e", "@VARS"], "-e @VARS: variable 'umprov_ssh_port' on host 'a' must be of type int"),
+    (["-e", "umprov_env=TOKEN=hunter2"],  # a secret's value is never printed
+     "-e: variable 'umprov_env' on host 'a' must be of type dict, not str (<hidden>)")])
 def test_provision_checks_extra_vars_as_the_inventorys_before_any_host(
         umprov_cli, tmp_path, monkeypatch, extra, message):
     import umprov.provision

@@ -24,6 +24,7 @@ class Host:
     groups: tuple[str, ...] = ()
     known_hosts: str | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
+    secret: frozenset[str] = frozenset()  # vars that were vault-encrypted: never printed
 
     @property
     def endpoint(self) -> str:
@@ -36,8 +37,10 @@ class Host:
         data = asdict(self)
         data["groups"] = list(self.groups)
         data["vars"] = dict(self.vars)
+        del data["secret"]
         if isinstance(self.vars.get("umprov_env"), Mapping):
             data["vars"]["umprov_env"] = dict.fromkeys(self.vars["umprov_env"], HIDDEN)
+        data["vars"].update(dict.fromkeys(self.secret - {"umprov_env"}, HIDDEN))
         return data
 
 

@@ -70,15 +70,16 @@ class HostVars:
         return next((k for k in keys if self.all_vars.get(k) is not None), None)
 
     def value(self, key: str, *, strict: bool = True) -> Any:
-        """The templated value; a template that fails is an error naming it, or, when not
-        ``strict`` and it only lacks a variable a play would have, _UNRESOLVED."""
+        """The templated value, inline vault values decrypted; a template that fails is an
+        error naming it, or, when not ``strict`` and it only lacks a variable a play would
+        have, _UNRESOLVED."""
         from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 
         raw = self.all_vars.get(key)
         if not is_template(raw):
-            return raw
+            return _revealed(raw)
         try:
-            return self.parsed.templated(self.all_vars, raw)
+            return _revealed(self.parsed.templated(self.all_vars, raw))
         except AnsibleUndefinedVariable as exc:
             if not strict:
                 return _UNRESOLVED
@@ -90,9 +91,42 @@ class HostVars:
             f"{short(raw, 60)!r} ({first_line(error)})"
         ) from None
 
+    def shown(self, key: str, value: Any) -> str:
+        """``value`` as a message may show it: never a secret's (umprov_env's, or a value
+        that was vault-encrypted in the inventory or an -e file)."""
+        if key in SECRET_VARIABLES or _vaulted(self.all_vars.get(key)):
+            return "<hidden>"
+        return short(value)
+
     def from_template(self, key: str) -> str:
         raw = self.all_vars.get(key)
         return f", from the template {short(raw, 60)!r}" if is_template(raw) else ""
+
+
+SECRET_VARIABLES = {"umprov_env"}  # the container's environment: tokens, passwords
+
+
+def _vaulted(value: Any) -> bool:
+    from ansible.parsing.vault import EncryptedString
+
+    if isinstance(value, EncryptedString):
+        return True
+    if isinstance(value, Mapping):
+        return any(_vaulted(v) for v in value.values())
+    return isinstance(value, list | tuple) and any(_vaulted(v) for v in value)
+
+
+def _revealed(value: Any) -> Any:
+    """Inline vault values (``!vault``) as the text they hold, as a play would see them."""
+    from ansible.parsing.vault import EncryptedString
+
+    if isinstance(value, EncryptedString):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _revealed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_revealed(v) for v in value]
+    return value
 
 
 def is_template(value: Any) -> bool:
@@ -146,6 +180,7 @@ def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Che
         groups=tuple(sorted(str(g.name) for g in ans_host.get_groups() if g.name != "all")),
         known_hosts=None if known is None else local_path(str(known)),
         vars=umprov_vars,
+        secret=frozenset(k for k in ours if _vaulted(hv.raw(k))),
     )
 
 
@@ -242,25 +277,26 @@ def _checked(hv: HostVars, key: str, checks: Checks) -> Any:
                              f"{did_you_mean(key, checks.specs)}")
     if too_big(hv.raw(key)):
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' holds a number too "
-                             f"large ({short(hv.raw(key))})")
+                             f"large ({hv.shown(key, hv.raw(key))})")
     value = hv.value(key, strict=spec.owner == "umprov")
     if value is _UNRESOLVED:  # needs facts: Ansible's role validation checks it at run time
         return plain(hv.raw(key))
     templ = hv.from_template(key)
     if too_big(value):
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' holds a number too "
-                             f"large ({short(value)}){templ}")
+                             f"large ({hv.shown(key, value)}){templ}")
     if not type_ok(value, spec.type):
         typ = spec.type + (" (finite)" if spec.type == "float" else "")
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' must be of type "
-                             f"{typ}, not {type_name(value)} ({short(value)}){templ}")
+                             f"{typ}, not {type_name(value)} ({hv.shown(key, value)}){templ}")
     if spec.choices and plain(value) not in spec.choices:
-        raise InventoryError(f"{where}: variable '{key}' on host '{name}' is {short(value)}, "
-                             f"expected one of {', '.join(map(str, spec.choices))}{templ}")
+        raise InventoryError(f"{where}: variable '{key}' on host '{name}' is "
+                             f"{hv.shown(key, value)}, expected one of "
+                             f"{', '.join(map(str, spec.choices))}{templ}")
     problem = checks.rules.problem(key, value)
     if problem:
         raise InventoryError(f"{where}: variable '{key}' on host '{name}' is "
-                             f"{short(value)!r}, {problem}{templ}")
+                             f"{hv.shown(key, value)!r}, {problem}{templ}")
     problem = value_problem(key, plain(value), f"variable '{key}' on host '{name}'")
     if problem:  # deploy's own check of the value (umprov/inventory/values.py)
         raise InventoryError(f"{where}: {problem}{templ}")
