@@ -92,7 +92,9 @@ def test_status_connect_json_is_data_and_a_damaged_record_is_one_line(umprov_cli
     assert info["tunnel"].startswith("ssh -F ") and "-L 18888:127.0.0.1:8888" in info["tunnel"]
     assert info["jupyter_url"] == "http://127.0.0.1:18888/lab?token=tok-1"
     record = state.connection_path("gpu1")
-    for damage in ('{"host": "gpu1", "addr', '["gpu1"]', '{"host": "gpu1"}'):
+    tunnel = dict(json.loads(record.read_text()), via_host=True)
+    tunnel.pop("jump_alias")
+    for damage in ('{"host": "gpu1", "addr', '["gpu1"]', '{"host": "gpu1"}', json.dumps(tunnel)):
         record.write_text(damage)
         result = umprov_cli("status", "--connect", "gpu1")
         assert result.exit_code == 4, result.stderr

@@ -100,7 +100,10 @@ def test_ask_vault_pass_reads_the_terminal(vaulted, umprov_cli):
 
 
 def test_ask_vault_pass_with_standard_input_closed_is_one_line_not_an_interrupt(
-        vaulted, umprov_cli):
+        vaulted, umprov_cli, monkeypatch):
+    import umprov.cli.options
+
+    monkeypatch.setattr(umprov.cli.options, "_terminal", lambda: False)  # as in CI, cron
     result = umprov_cli("inventory", "check", str(vaulted), "-J", input="")
     assert result.exit_code == ExitCode.CONFIG, result.stderr
     assert result.stderr.strip().splitlines()[-1].endswith(
@@ -338,3 +341,11 @@ def test_inline_vault_values_are_read_and_never_printed(tmp_path, password_file,
     assert result.exit_code == ExitCode.INVENTORY, result.stderr
     assert "umprov_ssh_port" in result.stderr and "<hidden>" in result.stderr
     assert "twenty-two" not in result.stderr
+
+
+def test_a_prompt_left_on_the_terminal_is_an_interrupt(vaulted, umprov_cli, monkeypatch):
+    import umprov.cli.options
+
+    monkeypatch.setattr(umprov.cli.options, "_terminal", lambda: True)  # Ctrl-C at the prompt
+    result = umprov_cli("inventory", "check", str(vaulted), "-J", input="")
+    assert result.exit_code == ExitCode.INTERRUPTED, result.stderr

@@ -26,12 +26,13 @@ def fleet(monkeypatch) -> SimpleNamespace:
     hosts = [SimpleNamespace(name=f"gpu-{i}", vars={}) for i in range(2)]
     monkeypatch.setattr(umprov.inventory, "load_inventory",
                         lambda source: SimpleNamespace(select=lambda limit: hosts))
-    state = SimpleNamespace(calls=0, during=lambda: None)
+    state = SimpleNamespace(calls=0, during=lambda: None, report=lambda name: (
+        report.failed_host_report(name, "agent.connect", "unreachable")))
 
     def fake_verify(hs, opts, progress, forks=None):
         state.calls += 1
         state.during()
-        return [report.failed_host_report(h.name, "agent.connect", "unreachable") for h in hs]
+        return [state.report(h.name) for h in hs]
 
     monkeypatch.setattr(rem, "verify_hosts", fake_verify)
     return state
@@ -78,15 +79,20 @@ def test_the_check_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("verdict", ["fail", "pass"])
 def test_a_file_that_fails_after_the_run_costs_neither_json_nor_table(umprov_cli, fleet,
-                                                                      tmp_path):
+                                                                      tmp_path, verdict):
     """The folder of the page becomes a file while the hosts run: the verdict is out, the
-    other files are written, and the page's failure is one line (exit 4)."""
+    other files are written, and the page's failure is one line; the exit code is the
+    verdict's where it failed (what a scheduler acts on), else 4."""
+    if verdict == "pass":
+        fleet.report = lambda name: fleet_docs.gpu_host(name, gpus=1)
     page, junit = tmp_path / "out" / "v.html", tmp_path / "v.xml"
     fleet.during = lambda: (tmp_path / "out").write_text("")
     result = umprov_cli("verify", "hosts.yml", "--json", "--html", str(page),
                         "--junit", str(junit))
-    assert result.exit_code == ExitCode.CONFIG
+    assert result.exit_code == (ExitCode.CONFIG if verdict == "pass" else
+                                json.loads(result.stdout)["exit_code"] or -1)
     run = json.loads(result.stdout)
     assert [d["host"] for d in run["hosts"]] == ["gpu-0", "gpu-1"]
     assert "gpu-1" in result.stderr and f"JUnit report: {junit}" in result.stderr

@@ -112,10 +112,23 @@ def _read_secret(prompt: str, instead: str) -> str:
             return str(click.prompt(prompt, hide_input=True, err=True, default="",
                                     show_default=False))
         except click.Abort:
-            if sys.stdin is not None and sys.stdin.isatty():
-                raise  # Ctrl-C at the prompt
+            if _terminal():
+                raise  # Ctrl-C or Ctrl-D at a prompt on the terminal (getpass reads /dev/tty)
             raise ConfigError(f"{prompt}: standard input is not a terminal and ended before "
                               f"a password; use {instead}") from None
+
+
+def _terminal() -> bool:
+    """Whether this process has a terminal to prompt on (getpass's first choice)."""
+    import os
+
+    if sys.stdin is not None and sys.stdin.isatty():
+        return True
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
 
 
 def forks_option(func: F) -> F:

@@ -15,6 +15,7 @@ from umprov.cli.options import (
     inventory_options,
     json_option,
     limit_option,
+    not_blank,
 )
 from umprov.errors import ConfigError
 from umprov.output import emit_json, say, say_untrusted
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
 @click.option("--launcher", type=click.Choice(["ssh", "slurm"]), default="ssh",
               show_default=True, help="With --multi-node: who starts torchrun on each host: "
               "umprov over SSH, or one srun on a Slurm submit host (docs/slurm.md).")
-@click.option("--slurm-submit-host", metavar="HOST",
+@click.option("--slurm-submit-host", metavar="HOST", callback=not_blank,
               help="With --launcher slurm: the inventory host srun runs on (default: the first "
               "host of group slurm_controller).")
 @click.option("--slurm-partition", metavar="NAME", help="With --launcher slurm: srun's "
@@ -244,13 +245,21 @@ def write_reports(docs: list[dict], elapsed: float, *, junit: Path | None,
         emit_json(run_doc)
     report.print_report(docs, all_rows=all_rows)
     say_untrusted([report.outcome(d) for d in docs])
-    write_files([
-        ReportFile("--junit", junit, "JUnit", lambda p: report.write_junit(p, docs)),
-        ReportFile("--prometheus", prometheus, "Prometheus",
-                   lambda p: report.write_prometheus(p, docs)),
-        ReportFile("--html", html_path, "HTML", lambda p: html.write(p, docs, seconds=elapsed)),
-    ])
-    return int(run_doc["exit_code"])
+    code = int(run_doc["exit_code"])
+    try:
+        write_files([
+            ReportFile("--junit", junit, "JUnit", lambda p: report.write_junit(p, docs)),
+            ReportFile("--prometheus", prometheus, "Prometheus",
+                       lambda p: report.write_prometheus(p, docs)),
+            ReportFile("--html", html_path, "HTML",
+                       lambda p: html.write(p, docs, seconds=elapsed)),
+        ])
+    except ConfigError as exc:
+        if not code:
+            raise
+        for line in exc.lines():  # the GPUs' verdict is the exit code a scheduler acts on
+            say(f"umprov: error: {line}")
+    return code
 
 
 def keep_history(docs: list[dict]) -> None:

@@ -296,7 +296,9 @@ def load_connection(host_name: str) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read it ({exc}); re-run umprov deploy") from None
-    missing = [k for k in CONNECTION_KEYS if not isinstance(data, dict) or k not in data]
+    wanted = [*CONNECTION_KEYS, *(["jump_alias"] if isinstance(data, dict)
+                                  and data.get("via_host") else [])]
+    missing = [k for k in wanted if not isinstance(data, dict) or k not in data]
     if missing:
         raise ConfigError(f"{path}: not a connection record (no {missing[0]}); "
                           "re-run umprov deploy")
