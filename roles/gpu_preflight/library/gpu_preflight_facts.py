@@ -575,7 +575,7 @@ def check_inputs(module, os_state):
         module.fail_json(msg=" ".join(problems))
 
 
-def format_allows(fmt, value):
+def _format_allows(fmt, value):
     """One format of value_rules.yml (pattern, min, max) against a value, as text."""
     text = str(value).strip()
     if fmt.get("pattern") is not None and not re.fullmatch(fmt["pattern"], text):
@@ -598,7 +598,7 @@ def value_problems(rules, values):
     found = []
     for name in sorted(values):
         fmt = formats.get((rules.get("variables") or {}).get(name))
-        if fmt is not None and not format_allows(fmt, values[name]):
+        if fmt is not None and not _format_allows(fmt, values[name]):
             found.append("%s is %r, expected %s" % (name, str(values[name])[:40], fmt["expected"]))
     return found
 
