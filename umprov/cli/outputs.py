@@ -29,9 +29,10 @@ def check_writable(option: str, path: Path | None, file: Path | None = None) -> 
         raise ConfigError(f"{option} {path}: cannot be written: {why}")
 
 
-def write_files(files: Iterable[ReportFile]) -> None:
+def write_files(files: Iterable[ReportFile], *, verdict: int = 0) -> None:
     """Write each file asked for and say where; one that fails does not stop the others, and
-    each failure is a line of the ConfigError raised at the end."""
+    each failure is a line of the ConfigError raised at the end; after a run that failed
+    (``verdict``, its exit code: the one a scheduler acts on) the lines are only said."""
     failed = []
     for option, path, what, write in files:
         if path is None:
@@ -42,8 +43,10 @@ def write_files(files: Iterable[ReportFile]) -> None:
             failed.append(f"{option} {path}: not written: {_why(exc)}")
             continue
         say(f"{what} report: {path}")
-    if failed:
+    if failed and not verdict:
         raise ConfigError(failed[0], more=failed[1:])
+    for line in failed:
+        say(f"umprov: error: {line}")
 
 
 def _why(exc: Exception) -> str:

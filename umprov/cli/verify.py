@@ -246,19 +246,12 @@ def write_reports(docs: list[dict], elapsed: float, *, junit: Path | None,
     report.print_report(docs, all_rows=all_rows)
     say_untrusted([report.outcome(d) for d in docs])
     code = int(run_doc["exit_code"])
-    try:
-        write_files([
-            ReportFile("--junit", junit, "JUnit", lambda p: report.write_junit(p, docs)),
-            ReportFile("--prometheus", prometheus, "Prometheus",
-                       lambda p: report.write_prometheus(p, docs)),
-            ReportFile("--html", html_path, "HTML",
-                       lambda p: html.write(p, docs, seconds=elapsed)),
-        ])
-    except ConfigError as exc:
-        if not code:
-            raise
-        for line in exc.lines():  # the GPUs' verdict is the exit code a scheduler acts on
-            say(f"umprov: error: {line}")
+    write_files([
+        ReportFile("--junit", junit, "JUnit", lambda p: report.write_junit(p, docs)),
+        ReportFile("--prometheus", prometheus, "Prometheus",
+                   lambda p: report.write_prometheus(p, docs)),
+        ReportFile("--html", html_path, "HTML", lambda p: html.write(p, docs, seconds=elapsed)),
+    ], verdict=code)
     return code
 
 

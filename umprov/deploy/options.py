@@ -17,8 +17,9 @@ from typing import Any
 from umprov.errors import ConfigError, UmprovError
 from umprov.hosts import HostLike, is_loopback
 from umprov.image import DEFAULT_TAG
-from umprov.inventory import check_format, deployed_container, flag
+from umprov.inventory import check_format, flag
 from umprov.inventory.container_env import checked_env, env_problem
+from umprov.inventory.specs import DEFAULT_CONTAINER
 from umprov.inventory.values import check_bind, check_container_name, check_image, parse_gpus
 from umprov.paths import safe_name
 
@@ -215,7 +216,7 @@ def settings_for(host: HostLike, opts: DeployOptions) -> HostSettings:
     bind = check_bind(*_given(opts.bind, "--bind", host, "umprov_bind", DEFAULT_BIND))
     gpus = parse_gpus(*_given(opts.gpus, "--gpus", host, "umprov_gpus", "all"))
     name = check_container_name(*_given(opts.name, "--name", host, "umprov_container_name",
-                                        deployed_container(hv)))
+                                        DEFAULT_CONTAINER))
     raise_limits = flag(hv.get("umprov_container_limits"), default=True)
     managed = (opts.managed_memory if opts.managed_memory is not None
                else flag(hv.get("umprov_managed_memory"), default=False))

@@ -55,7 +55,7 @@ def load_inventory(
     ``extra``: the -e variables in order (KEY=VALUE mappings, @FILE paths), over every host's
     own as ansible-playbook puts them, and checked as the inventory's are."""
     from umprov.inventory.ansible_io import Parsed
-    from umprov.inventory.validate import Checks, duplicates, listed, to_host
+    from umprov.inventory.validate import ENDPOINT, Checks, duplicates, listed, to_host
 
     request = as_request(request)
     sources = resolve_sources(request.sources)
@@ -75,15 +75,12 @@ def load_inventory(
             hosts.append(to_host(parsed, ans_host, all_vars, checks))
         except InventoryError as exc:
             problems.extend((str(ans_host.name), line) for line in exc.lines())
-    if not origins.keys() & ENDPOINT_VARIABLES:  # -e gives every host one address: Ansible's way
+    if not origins.keys() & ENDPOINT:  # -e gives every host one address: Ansible's way
         problems.extend(("", line) for line in duplicates(hosts, checks.fallback))
     if problems:
         first, *more = listed(problems)
         raise InventoryError(first, more=more)
     return Inventory(sources=sources, hosts=tuple(hosts), vault=vault, matcher=parsed.matching)
-
-
-ENDPOINT_VARIABLES = {"ansible_host", "ansible_port", "ansible_ssh_port"}  # validate.py reads
 
 
 def _extra_vars(extra: Sequence[Mapping[str, Any] | Path], vault: Vault

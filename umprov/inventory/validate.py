@@ -33,6 +33,7 @@ from umprov.inventory.values import value_problem
 _TEMPLATE = ("{{", "{%")
 _ADDRESS = ("ansible_host",)
 _PORT = ("ansible_port", "ansible_ssh_port")
+ENDPOINT = frozenset(_ADDRESS + _PORT)  # the variables a host's address and port are read from
 _USER = ("ansible_user", "ansible_ssh_user")
 _KEY_FILE = ("ansible_ssh_private_key_file", "ansible_private_key_file")
 _UNRESOLVED = object()  # a role variable whose template needs what only a play has (facts)

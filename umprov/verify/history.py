@@ -174,8 +174,9 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _finite(value: Any) -> bool:
-    """A number a trend can hold: not NaN, infinite or an integer too large for a float."""
+def finite(value: Any) -> bool:
+    """A number a trend can hold: not a bool, NaN, infinite or an integer too large for a
+    float (job.json's numbers are read with it too)."""
     try:
         return _numeric(value) and math.isfinite(value)
     except OverflowError:
@@ -186,7 +187,7 @@ def figures_of(doc: dict) -> list[list]:
     """[target, check, unit, value] of every record measured as a number (skips left out)."""
     return [[r.get("target"), r.get("check"), r.get("unit"), r["measured"]]
             for r in doc.get("records", []) if r.get("verdict") != "skip"
-            and _finite(r.get("measured"))]
+            and finite(r.get("measured"))]
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -344,12 +345,12 @@ def _entry(head: Any, path: Path) -> Entry | None:
     key, saved, figures = head.get("key"), head.get("saved"), head.get("figures") or []
     if not isinstance(key, str) or not key:
         raise ValueError(f"key {key!r:.40} is not a name")
-    if not _finite(saved) or not 0 <= saved < LAST_TIME:
+    if not finite(saved) or not 0 <= saved < LAST_TIME:
         raise ValueError(f"saved {saved!r:.40} is not a time")
     if not isinstance(figures, list) or not all(map(_figure_ok, figures)):
         raise ValueError("figures are not [target, check, unit, number] lists")
     # A NaN or infinite measurement is no point of a trend (and cannot be drawn).
-    kept = [f for f in figures if _finite(f[3])]
+    kept = [f for f in figures if finite(f[3])]
     return Entry(key, str(head.get("host")), float(saved), kept, path)
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from umprov.errors import ConfigError
 from umprov.paths import safe_name
+from umprov.verify.history import finite
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 
 
@@ -68,7 +68,7 @@ def _checked(job: dict[str, Any]) -> Job:
 
     def number(field: str, default: float | None = None) -> float:
         value = job.get(field, default)
-        if not _finite(value):
+        if not finite(value):
             raise bad(field, "a number")
         return float(value)
 
@@ -87,14 +87,6 @@ def _checked(job: dict[str, Any]) -> Job:
         raise bad("rendezvous", "HOST:PORT")
     return Job(str(job_id), job["backend"], timeout, list(nodes), job.get("rendezvous"),
                number("ended", 0) - number("started", 0))
-
-
-def _finite(value: Any) -> bool:
-    try:
-        return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value))
-    except OverflowError:  # an integer of 400 digits
-        return False
 
 
 def _read(path: Path) -> str:
