@@ -98,18 +98,19 @@ def _before_forward(module: torch.nn.Module, args: tuple) -> None:
     nearly full."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return  # inference; or traced by torch.compile, where hooks made would break graphs
-    for p in module.parameters(recurse=False):
-        if not _watchable(p):
-            continue
-        with _early_lock:
-            early = _early["grads"]
-            if early is None:
-                if not _grads_down_wanted():  # torch.distributed since install()
-                    _stop_watching()
-                    return
-                down, _up = _managed().copy_streams(p.device.index)
-                early = _early["grads"] = GradsDown([], down, waiting=True)
-                early.on_first_arrival = _stop_watching
+    params = [p for p in module.parameters(recurse=False) if _watchable(p)]
+    if not params:
+        return
+    with _early_lock:  # once a module call: it guards only the watcher's making
+        early = _early["grads"]
+        if early is None:
+            if not _grads_down_wanted():  # torch.distributed since install()
+                _stop_watching()
+                return
+            down, _up = _managed().copy_streams(params[0].device.index)
+            early = _early["grads"] = GradsDown([], down, waiting=True)
+            early.on_first_arrival = _stop_watching
+    for p in params:
         early.watch(p)
 
 
