@@ -17,6 +17,22 @@ from umprov.cli import run
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def managed_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """umprov's managed-memory library (docker/pytorch-cuda/managed/umprov_managed.c), built
+    here with gcc as the image builds it, warnings as errors."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build the managed-memory library with")
+    out = tmp_path_factory.mktemp("managed") / "libumprov_managed.so"
+    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
+                    str(out), str(REPO / "docker/pytorch-cuda/managed/umprov_managed.c"),
+                    "-lpthread"], check=True)
+    return out
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Ctrl-C as in a terminal, however pytest was started: a shell starts a background job
     (`nohup make test &`) with SIGINT ignored, Python then keeps it ignored, and the tests that

@@ -192,6 +192,28 @@ def case_fraction() -> dict:
     return {"sum": float(x.sum()), "pool": umprov_managed.stats()}
 
 
+def case_beyond(layers: str) -> dict:
+    """A model larger than the device memory left to it (another process holds the rest),
+    fine-tuned in bf16: its first kernels, and the backward thread's cuBLAS handle, come after
+    PyTorch has filled the device; CUDA makes them in the headroom."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(int(layers))]).to(DEV)
+    tuned = list(m.parameters())[-8:]
+    for p in m.parameters():
+        p.requires_grad_(any(p is t for t in tuned))
+    opt = torch.optim.AdamW(tuned, lr=1e-4)
+    x = torch.randn(256, 4096, device=DEV)
+    losses = []
+    for _ in range(2):
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = m(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return {"losses": losses, "pool": umprov_managed.stats()}
+
+
 def case_scaler() -> dict:
     """GradScaler's step (fused AdamW, fp16 autocast) stays the device's, as written."""
     m = model()

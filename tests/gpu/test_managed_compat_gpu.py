@@ -142,3 +142,32 @@ def test_gradscalers_step_stays_the_devices_and_trains_as_written(library):
     pool, _ = run(library, "scaler")
     assert pool["enabled"] and not pool["host_step"]
     assert close(pool["losses"], base["losses"]), (pool["losses"], base["losses"])
+
+
+HOLDER = """
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+held = torch.empty(free - (int(sys.argv[1]) << 30), dtype=torch.uint8, device="cuda")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_model_past_the_memory_left_trains_with_cudas_headroom_kept(library):
+    """Another process leaves 3 GiB of the GPU (this one's CUDA context takes some), the
+    model's 2.5 GiB of weights fill the rest: the caching allocator turns to the reservoir
+    where it would take the headroom, and CUDA loads kernels and makes the backward's cuBLAS
+    handle in it (both failed out of memory inside the library without it). The reservoir is
+    no larger than the GPU memory left."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "3"], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "UMPROV_MANAGED_MEMORY": "0"})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        facts, err = run(library, "beyond", "40", UMPROV_MANAGED_RESERVOIR="3g")
+    finally:
+        holder.kill()
+        holder.wait()
+    pool = facts["pool"]
+    assert facts["enabled"] and all(x == x for x in facts["losses"]), facts
+    assert pool["headroom"] == 512 << 20 and pool["headroom_refused"] > 0, pool
+    assert pool["peak_spilled"] > 0 and "no headroom" not in err, err[-2000:]

@@ -50,14 +50,9 @@ ADVISE13 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctyp
 VERSION = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc to build the allocator with")
-    out = tmp_path_factory.mktemp("managed") / "libumprov_managed.so"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
-                    str(out), str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
-    return out
+@pytest.fixture
+def library(managed_library: Path) -> Path:
+    return managed_library
 
 
 class Runtime:
@@ -585,13 +580,28 @@ def test_enable_never_starts_cuda_itself_and_leaves_nothing_half_made(monkeypatc
         umprov_managed.enable()
 
 
-def test_a_budget_that_is_not_a_size_names_its_variable(monkeypatch):
+@pytest.mark.parametrize("name", ["UMPROV_MANAGED_BUDGET", "UMPROV_MANAGED_HEADROOM"])
+def test_a_size_that_is_not_a_size_names_its_variable(monkeypatch, name):
     monkeypatch.setattr(umprov_managed, "_state", {})
     monkeypatch.setitem(sys.modules, "torch", torch_stub(initialized=False))
-    monkeypatch.setenv("UMPROV_MANAGED_BUDGET", "lots")
-    with pytest.raises(RuntimeError, match="UMPROV_MANAGED_BUDGET='lots' is not a size"):
+    monkeypatch.setenv(name, "lots")
+    with pytest.raises(RuntimeError, match=f"{name}='lots' is not a size"):
         umprov_managed.enable()
     assert umprov_managed._state == {}
+
+
+@pytest.mark.parametrize(("value", "headroom"), [(None, 512 * MIB), ("0", 0), ("1g", 1 << 30)])
+def test_the_headroom_left_to_cuda_is_512_mib_unless_set(monkeypatch, value, headroom):
+    monkeypatch.setattr(umprov_managed, "_state", {})
+    monkeypatch.setitem(sys.modules, "torch", torch_stub(initialized=False))
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    if value is None:
+        monkeypatch.delenv("UMPROV_MANAGED_HEADROOM", raising=False)
+    else:
+        monkeypatch.setenv("UMPROV_MANAGED_HEADROOM", value)
+    umprov_managed.enable()
+    assert umprov_managed._state["headroom"] == headroom
 
 
 PROBE = """
@@ -619,16 +629,18 @@ def test_the_import_hook_enables_at_the_import_not_at_a_lookup_before_it(tmp_pat
     assert done.stdout.split("\n")[:3] == ["probe True", "enabled", "imported 1 False"]
 
 
-@pytest.mark.parametrize(("budget", "fraction", "room"), [
-    (-1, None, 2 << 30),  # driver's free 1 GiB + 1 GiB cached free on the device
-    (12 << 30, None, 1 << 30),  # the budget is spent: the cached free block only
-    (-1, 0.2, 2 << 30),  # the job's 16 GiB cap leaves 2: the driver's 1 GiB is less
-    (-1, 0.18, (1 << 30) + int(0.18 * (80 << 30)) - (14 << 30))])
+@pytest.mark.parametrize(("budget", "fraction", "headroom", "room"), [
+    (-1, None, 0, 2 << 30),  # driver's free 1 GiB + 1 GiB cached free on the device
+    (12 << 30, None, 0, 1 << 30),  # the budget is spent: the cached free block only
+    (-1, 0.2, 0, 2 << 30),  # the job's 16 GiB cap leaves 2: the driver's 1 GiB is less
+    (-1, 0.18, 0, (1 << 30) + int(0.18 * (80 << 30)) - (14 << 30)),
+    (-1, None, 512 * MIB, (1 << 30) + 512 * MIB),  # CUDA's headroom is not PyTorch's room
+    (-1, None, 2 << 30, 1 << 30)])  # less free than the headroom: the cached block only
 def test_device_room_is_what_torch_can_still_take_on_the_device_reservoir_aside(
-        reservoir, monkeypatch, budget, fraction, room):
+        reservoir, monkeypatch, budget, fraction, headroom, room):
     import torch
 
-    reservoir.state.update(budget=budget, sizes={0: 4 << 30})
+    reservoir.state.update(budget=budget, sizes={0: 4 << 30}, headroom=headroom)
     if fraction is not None:
         umprov_managed._fractions[0] = fraction
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 30, 80 << 30))

@@ -12,18 +12,31 @@
  * No cache here: the caching allocator reuses blocks and gives segments back (empty_cache, or
  * before it reports out-of-memory), and a freed segment is freed at once.
  *
+ * Headroom (umprov_headroom_install): PyTorch's caching allocator takes device memory until
+ * cudaMalloc fails, which leaves CUDA nothing for what it allocates on its own later: a
+ * kernel's module loaded at its first launch, a cuBLAS handle for a new thread, more local
+ * memory. Those fail as "out of memory" inside a library, where nothing falls back to the
+ * reservoir. The caching allocator's own cudaMalloc (its library's GOT slots, no other
+ * library's) is pointed at guarded_malloc, which refuses a segment that would leave less than
+ * the headroom free: PyTorch takes the reservoir instead, and CUDA keeps the rest.
+ *
  * No CUDA header or library at build time: the CUDA runtime's functions come from the
  * libcudart that torch loaded (umprov_managed.py passes them to umprov_um_init), so there is
  * one runtime and one context, and the same build serves CUDA 12 and 13 (whose advice call
  * takes a cudaMemLocation by value instead of an int device).
  */
+#define _GNU_SOURCE /* dl_iterate_phdr */
+#include <elf.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 typedef int (*malloc_managed_fn)(void **, size_t, unsigned int);
 typedef int (*free_fn)(void *);
@@ -205,4 +218,120 @@ void umprov_um_stats(long long out[6]) {
   long long s[6] = {um.bytes, um.peak, um.allocs, um.failures, um.refused, um.host_budget};
   memcpy(out, s, sizeof s);
   pthread_mutex_unlock(&um_lock);
+}
+
+/* Headroom: the caching allocator's cudaMalloc, refused short of the device's last bytes. */
+typedef int (*cuda_malloc_fn)(void **, size_t);
+typedef int (*mem_info_fn)(size_t *, size_t *);
+enum { CUDA_ERROR_MEMORY_ALLOCATION = 2 };
+
+static struct {
+  cuda_malloc_fn real;
+  mem_info_fn info;
+  size_t headroom;
+  long long refused;
+} guard;
+
+static int guarded_malloc(void **p, size_t n) {
+  size_t free_bytes = 0, total = 0;
+  if (guard.info(&free_bytes, &total) == 0 &&
+      (free_bytes < guard.headroom || free_bytes - guard.headroom < n)) {
+    __atomic_add_fetch(&guard.refused, 1, __ATOMIC_RELAXED);
+    return CUDA_ERROR_MEMORY_ALLOCATION; /* as cudaMalloc's own: PyTorch asks the reservoir */
+  }
+  return guard.real(p, n);
+}
+
+#if defined(__x86_64__)
+#define SLOT(type) ((type) == R_X86_64_JUMP_SLOT || (type) == R_X86_64_GLOB_DAT)
+#elif defined(__aarch64__)
+#define SLOT(type) ((type) == R_AARCH64_JUMP_SLOT || (type) == R_AARCH64_GLOB_DAT)
+#else
+#define SLOT(type) 0 /* no headroom: umprov_headroom_install finds no slot */
+#endif
+
+typedef struct {
+  const char *object; /* a part of the library's path */
+  int slots, failed;
+} target;
+
+/* A dynamic entry's address: glibc relocates them in place, other loaders may not. */
+static uintptr_t dyn_address(uintptr_t base, uintptr_t p) { return p < base ? base + p : p; }
+
+static void point_slots(const struct dl_phdr_info *info, const ElfW(Rela) *rel, size_t bytes,
+                        const ElfW(Sym) *syms, const char *names, target *t) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  for (size_t i = 0; i < bytes / sizeof *rel; i++) {
+    if (!SLOT(ELF64_R_TYPE(rel[i].r_info)) ||
+        strcmp(names + syms[ELF64_R_SYM(rel[i].r_info)].st_name, "cudaMalloc") != 0)
+      continue;
+    void **slot = (void **)(info->dlpi_addr + rel[i].r_offset);
+    /* RELRO leaves the slot read-only once bound: writable for the store, then read-only */
+    void *start = (void *)((uintptr_t)slot & ~(page - 1));
+    if (mprotect(start, page, PROT_READ | PROT_WRITE) != 0) {
+      t->failed++;
+      continue;
+    }
+    __atomic_store_n(slot, (void *)guarded_malloc, __ATOMIC_SEQ_CST);
+    t->slots++;
+    for (int h = 0; h < info->dlpi_phnum; h++) {
+      const ElfW(Phdr) *ph = &info->dlpi_phdr[h];
+      uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+      if (ph->p_type == PT_GNU_RELRO && (uintptr_t)slot >= lo && (uintptr_t)slot < hi)
+        mprotect(start, page, PROT_READ);
+    }
+  }
+}
+
+static int point_object(struct dl_phdr_info *info, size_t size, void *data) {
+  (void)size;
+  target *t = data;
+  if (!info->dlpi_name || !strstr(info->dlpi_name, t->object)) return 0;
+  const ElfW(Dyn) *dyn = NULL;
+  for (int h = 0; h < info->dlpi_phnum; h++)
+    if (info->dlpi_phdr[h].p_type == PT_DYNAMIC)
+      dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[h].p_vaddr);
+  if (!dyn) return 0;
+  uintptr_t base = info->dlpi_addr, syms = 0, names = 0, jmprel = 0, rela = 0;
+  size_t jmprel_bytes = 0, rela_bytes = 0;
+  int rela_plt = 1;
+  for (; dyn->d_tag != DT_NULL; dyn++) {
+    switch (dyn->d_tag) {
+      case DT_SYMTAB: syms = dyn_address(base, dyn->d_un.d_ptr); break;
+      case DT_STRTAB: names = dyn_address(base, dyn->d_un.d_ptr); break;
+      case DT_JMPREL: jmprel = dyn_address(base, dyn->d_un.d_ptr); break;
+      case DT_PLTRELSZ: jmprel_bytes = dyn->d_un.d_val; break;
+      case DT_PLTREL: rela_plt = dyn->d_un.d_val == DT_RELA; break;
+      case DT_RELA: rela = dyn_address(base, dyn->d_un.d_ptr); break;
+      case DT_RELASZ: rela_bytes = dyn->d_un.d_val; break;
+      default: break;
+    }
+  }
+  if (!syms || !names || !rela_plt) return 0;
+  if (jmprel)
+    point_slots(info, (const ElfW(Rela) *)jmprel, jmprel_bytes, (const ElfW(Sym) *)syms,
+                (const char *)names, t);
+  if (rela) /* GLOB_DAT: where the library takes cudaMalloc's address */
+    point_slots(info, (const ElfW(Rela) *)rela, rela_bytes, (const ElfW(Sym) *)syms,
+                (const char *)names, t);
+  return 0;
+}
+
+/* Points every loaded library whose path holds ``object`` at guarded_malloc for cudaMalloc,
+ * keeping ``headroom`` bytes of the device free; real_malloc and mem_get_info are the CUDA
+ * runtime's cudaMalloc and cudaMemGetInfo. Returns the slots pointed (0: none found), or -1. */
+int umprov_headroom_install(const char *object, void *real_malloc, void *mem_get_info,
+                            long long headroom) {
+  if (!object || !real_malloc || !mem_get_info || headroom < 0) return -1;
+  guard.real = (cuda_malloc_fn)real_malloc;
+  guard.info = (mem_info_fn)mem_get_info;
+  __atomic_store_n(&guard.headroom, (size_t)headroom, __ATOMIC_SEQ_CST);
+  target t = {object, 0, 0};
+  dl_iterate_phdr(point_object, &t);
+  return t.failed && !t.slots ? -1 : t.slots;
+}
+
+/* cudaMalloc calls the headroom refused. */
+long long umprov_headroom_refused(void) {
+  return __atomic_load_n(&guard.refused, __ATOMIC_RELAXED);
 }

@@ -25,6 +25,9 @@ among the node's processes (LOCAL_WORLD_SIZE): the other half is the optimizer's
 UMPROV_MANAGED_BUDGET caps the device memory PyTorch itself takes (a process memory fraction
 with the reservoir counted in), so the reservoir is used sooner (tests, umprov verify).
 The reservoir counts in ``torch.cuda.memory_reserved`` as any pool's segments do.
+UMPROV_MANAGED_HEADROOM (default 512m, 0: none) is device memory the caching allocator leaves
+free for CUDA itself (kernels' modules loaded at their first launch, cuBLAS handles): where it
+would take more, it turns to the reservoir (libumprov_managed.so guards its cudaMalloc).
 
 Only what torch 2.9 and later both have is used (tests/unit/test_managed_torch_api.py).
 """
@@ -56,6 +59,7 @@ LIBRARY = Path(os.environ.get("UMPROV_MANAGED_LIBRARY",
 STATS = ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
          "host_budget")  # the library's counters, in its order
 MIN_RESERVOIR = 256 << 20  # smaller is not worth a reservoir (a host short of memory)
+GUARDED = "libc10_cuda.so"  # the caching allocator's library: its cudaMalloc keeps the headroom
 CONCURRENT_MANAGED_ACCESS = 89  # cudaDevAttrConcurrentManagedAccess
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -109,6 +113,13 @@ def _library() -> ctypes.CDLL:
                             address("cudaMemAdvise"), version.value, -1, host_reserve)
     if rc != 0:
         raise RuntimeError(f"{LIBRARY}: umprov_um_init failed ({rc})")
+    if _state.get("headroom"):
+        pointed = lib.umprov_headroom_install(GUARDED.encode(), address("cudaMalloc"),
+                                              address("cudaMemGetInfo"), _state["headroom"])
+        if pointed <= 0:  # the reservoir works on; CUDA may find the device full
+            _state["headroom"] = 0
+            print(f"umprov managed memory: no headroom kept for CUDA: {GUARDED}'s cudaMalloc "
+                  f"{'not found' if pointed == 0 else 'could not be pointed'}", file=sys.stderr)
     return lib
 
 
@@ -124,6 +135,11 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.umprov_um_owns.restype = ctypes.c_int
     lib.umprov_um_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     lib.umprov_um_stats.restype = None
+    lib.umprov_headroom_install.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                            ctypes.c_longlong]
+    lib.umprov_headroom_install.restype = ctypes.c_int
+    lib.umprov_headroom_refused.argtypes = []
+    lib.umprov_headroom_refused.restype = ctypes.c_longlong
     return lib
 
 
@@ -146,7 +162,9 @@ def enable(budget: int | None = None, reservoir: int | None = None) -> None:
     env_size = os.environ.get("UMPROV_MANAGED_RESERVOIR", "")
     if reservoir is None and env_size:
         reservoir = _env_size("UMPROV_MANAGED_RESERVOIR", env_size)
-    _state.update(budget=budget, reservoir=reservoir, reservoirs={}, sizes={}, peak=0)
+    headroom = _env_size("UMPROV_MANAGED_HEADROOM", "512m")
+    _state.update(budget=budget, reservoir=reservoir, headroom=headroom, reservoirs={},
+                  sizes={}, peak=0)
     _patch_set_device(torch)
     patch_memory_fraction(torch, lambda device: _state.get("sizes", {}).get(device, 0),
                           _fractions)
@@ -350,11 +368,13 @@ def spilled() -> int:
 
 def device_room(device: int) -> int:
     """Bytes PyTorch can still place in ``device``'s own memory, the reservoir aside: what the
-    driver has free, under the budget and the job's own memory fraction, plus PyTorch's cached
-    free blocks there (the reservoir's segments count in its reserved bytes: taken out)."""
+    driver has free less the headroom, under the budget and the job's own memory fraction,
+    plus PyTorch's cached free blocks there (the reservoir's segments count in its reserved
+    bytes: taken out)."""
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
+    free -= _state.get("headroom", 0)
     stats = torch.cuda.memory_stats(device)
     reserved = stats.get("reserved_bytes.all.current", 0) - _state.get("sizes", {}).get(device, 0)
     allocated = stats.get("allocated_bytes.all.current", 0)  # the reservoir's live bytes too
@@ -377,7 +397,7 @@ def stats() -> dict[str, int]:
     """Bytes of live tensors on the GPU (PyTorch's own memory) and in the reservoirs (spilled
     to the host), the spilled peak as seen at each optimizer step and here, the reservoirs'
     bytes, the budget (-1: none), the library's host budget, segments it refused and advice
-    calls the driver refused."""
+    calls the driver refused, the headroom and the device segments it refused."""
     import torch
 
     lib = _state.get("library")
@@ -391,7 +411,9 @@ def stats() -> dict[str, int]:
     return {"placed": allocated - now, "spilled": now, "peak_spilled": _state.get("peak", 0),
             "reservoir": sum(_state.get("sizes", {}).values()),
             "budget": _state.get("budget", -1), "host_budget": counts["host_budget"],
-            "refused": counts["refused"], "failed_advice": counts["failed_advice"]}
+            "refused": counts["refused"], "failed_advice": counts["failed_advice"],
+            "headroom": _state.get("headroom", 0),
+            "headroom_refused": lib.umprov_headroom_refused() if lib is not None else 0}
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
