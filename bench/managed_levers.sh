@@ -60,7 +60,7 @@ for s in $stages; do
         mlp) peers mlp 240 "$ROWS,$FITS" --model mlp --layers 6 ;;
         tight) peers tight 200 "$DOWN" --left-gib 9 ;;
         gputests)
-            timeout 330 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
+            timeout 450 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
                 tests/gpu/test_managed_compat_gpu.py tests/gpu/test_managed_allocator_gpu.py \
                 > "$out/gputests.txt" 2>&1
             echo "gputests rc=$?"

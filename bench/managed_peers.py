@@ -12,11 +12,12 @@ design is bound by moving parameters and gradients); the median step after the f
 user's code the same for every run but the peers' own wrapping:
 
 - default: PyTorch's allocator (out of memory past the GPU's memory: the contrast);
-- pool: ``UMPROV_MANAGED_MEMORY=1`` (the image's hook), the optimizer as written;
+- pool: ``UMPROV_MANAGED_MEMORY=1`` (the image's hook), the optimizer as written, gradients
+  down off (``UMPROV_MANAGED_GRADS_DOWN=0``: the product before run J);
 - pool_gpu_step: the same with ``UMPROV_MANAGED_HOST_STEP=0``: the pool before the host step
   (the issue's baseline: the GPU's kernels over spilled state);
-- pool_grads_down: the host step with ``UMPROV_MANAGED_GRADS_DOWN=1``: gradients go down into
-  pinned host memory during backward;
+- pool_grads_down: the product since run J (``UMPROV_MANAGED_GRADS_DOWN=1``, the default):
+  gradients go down into pinned host memory during backward;
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 

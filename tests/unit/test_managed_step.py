@@ -995,10 +995,12 @@ def test_without_gradients_down_the_forward_hook_goes_at_once(watching):
     assert step._early["hook"] is None and step._early["grads"] is None
 
 
-def test_grads_go_down_only_when_asked_and_never_distributed(monkeypatch):
+def test_grads_go_down_unless_switched_off_and_never_distributed(monkeypatch):
     monkeypatch.delenv("UMPROV_MANAGED_GRADS_DOWN", raising=False)
     monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: False)
-    assert not step._grads_down_wanted()  # not yet the default: slower in the bench
+    assert step._grads_down_wanted()  # the default since run J: at torchao's step
+    monkeypatch.setenv("UMPROV_MANAGED_GRADS_DOWN", "0")
+    assert not step._grads_down_wanted()
     monkeypatch.setenv("UMPROV_MANAGED_GRADS_DOWN", "1")
     assert step._grads_down_wanted()
     monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: True)

@@ -7,8 +7,8 @@ state (Adam's two moments: twice the model). A GPU step over spilled state reads
 across PCIe several times a step. Here, an optimizer of a kind that updates each parameter on
 its own steps on the host instead: its state lives in host memory, each parameter has a pinned
 host copy (its master), gradients come down once and parameters go up once a step, chunk by
-chunk, so the copies overlap the CPU's work. With UMPROV_MANAGED_GRADS_DOWN=1 (not the default: a
-little faster, but a quarter more host memory in the bench, docs/managed-memory.md), each
+chunk, so the copies overlap the CPU's work. Unless UMPROV_MANAGED_GRADS_DOWN=0 (faster and no
+more host memory than torchao's offload in the bench, run J of docs/managed-memory.md), each
 gradient backward made in device memory goes down while backward still runs (``GradsDown``):
 copied into pinned host memory, its device memory freed soon after, ``.grad`` a CUDA view of
 that host memory, so code between backward and step (``clip_grad_norm_``) still reads and
@@ -580,7 +580,7 @@ def _pinned_home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _grads_down_wanted() -> bool:
-    if os.environ.get("UMPROV_MANAGED_GRADS_DOWN", "0") != "1":
+    if os.environ.get("UMPROV_MANAGED_GRADS_DOWN", "1") == "0":
         return False
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
