@@ -109,6 +109,34 @@ def test_the_named_library_keeps_the_headroom_and_no_other(process: SimpleNamesp
     assert process.mallocs.value == 3
 
 
+def mappings(path: Path) -> list[tuple[int, int, str]]:
+    """The process's mappings of ``path``: (start, end, permissions), neighbours of the same
+    permissions merged (mprotect may split a mapping and leave it split)."""
+    merged: list[tuple[int, int, str]] = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[5] != str(path):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if merged and merged[-1][1] == start and merged[-1][2] == fields[1]:
+            merged[-1] = (merged[-1][0], end, fields[1])
+        else:
+            merged.append((start, end, fields[1]))
+    return merged
+
+
+@pytest.mark.parametrize("link", ["lazy", "now"])
+def test_the_library_keeps_its_pages_protections(process: SimpleNamespace, tmp_path: Path,
+                                                 link: str) -> None:
+    """A slot under RELRO is read-only again after the store; a page the loader left
+    writable (lazy binding's GOT, .data beside it) stays writable."""
+    path = tmp_path / f"libcaller_{link}.so"
+    before = mappings(path)
+    assert before and (link == "lazy" or any(p.startswith("r--") for _, _, p in before))
+    assert process.install(link, 512 * MIB) == 1
+    assert mappings(path) == before
+
+
 def test_a_second_install_changes_the_headroom_and_no_headroom_passes_everything(
         process: SimpleNamespace) -> None:
     process.free.value = 1024 * MIB

@@ -275,9 +275,12 @@ static void point_slots(const struct dl_phdr_info *info, const ElfW(Rela) *rel, 
     __atomic_store_n(slot, (void *)guarded_malloc, __ATOMIC_SEQ_CST);
     t->slots++;
     for (int h = 0; h < info->dlpi_phnum; h++) {
+      /* the loader made read-only only the RELRO pages whole (both ends rounded down): a
+       * page it shares with .data stays writable */
       const ElfW(Phdr) *ph = &info->dlpi_phdr[h];
-      uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
-      if (ph->p_type == PT_GNU_RELRO && (uintptr_t)slot >= lo && (uintptr_t)slot < hi)
+      uintptr_t lo = (info->dlpi_addr + ph->p_vaddr) & ~(page - 1);
+      uintptr_t hi = (info->dlpi_addr + ph->p_vaddr + ph->p_memsz) & ~(page - 1);
+      if (ph->p_type == PT_GNU_RELRO && (uintptr_t)start >= lo && (uintptr_t)start < hi)
         mprotect(start, page, PROT_READ);
     }
   }
