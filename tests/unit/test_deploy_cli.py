@@ -264,7 +264,7 @@ def test_other_commands_check_their_values_first(umprov_cli, no_contact, args, m
 
 def test_image_build_refuses_a_missing_torch_wheel_before_any_engine(umprov_cli, no_contact):
     result = umprov_cli("image", "build", "--torch-wheel", "no/such/torch-2.9.0-x.whl")
-    assert result.exit_code == 2 and "does not exist" in result.stderr
+    assert result.exit_code == 4 and "does not exist" in result.stderr
 
 
 def test_a_failed_download_for_another_target_keeps_the_wheel_cache(tmp_path, monkeypatch):

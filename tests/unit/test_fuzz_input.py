@@ -432,7 +432,7 @@ def test_deploy_options_through_the_cli(work, image, gpus, ssh_port, jupyter_por
         assert "is not an SSH public key" in result.stderr, result.stderr
     else:
         assert "SSH public key" not in result.stderr
-        assert result.exit_code == (ExitCode.CONFIG if clicks else ExitCode.USAGE)
+        assert result.exit_code == ExitCode.CONFIG  # Click's types too: a bad value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,12 +549,15 @@ def test_binary_profile_file_is_a_config_error(work):
         load_overrides(path)
 
 
-def test_usage_error_is_one_line():
+@pytest.mark.parametrize(("args", "code"), [
+    (["--ssh-port", "abc"], ExitCode.CONFIG),  # a value Click's type refuses: a bad value
+    (["--ssh-prot", "22"], ExitCode.USAGE)])  # not an option: the command line
+def test_click_errors_are_one_line(args, code):
     """Click's usage errors were three lines (usage, hint, error); now one, like the rest."""
-    result = umprov("deploy", "--ssh-port", "abc")
-    assert result.exit_code == ExitCode.USAGE
+    result = umprov("deploy", *args)
+    assert result.exit_code == code
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("umprov: error: ")
-    assert "--ssh-port" in result.stderr and "umprov deploy --help" in result.stderr
+    assert "--ssh-p" in result.stderr and "umprov deploy --help" in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------

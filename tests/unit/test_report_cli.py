@@ -83,15 +83,15 @@ def test_run_files_and_an_inventory_do_not_mix(umprov_cli, run_file):
     assert result.exit_code == ExitCode.CONFIG and "--since" in result.stderr
 
 
-def test_a_bad_age_is_a_usage_error(umprov_cli):
+def test_a_bad_age_is_a_bad_value(umprov_cli):
     result = umprov_cli("report", "--since", "soon")
-    assert result.exit_code == ExitCode.USAGE
+    assert result.exit_code == ExitCode.CONFIG
     assert "'soon' is not an age" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
-def test_an_age_too_large_for_a_number_is_a_usage_error(umprov_cli):
+def test_an_age_too_large_for_a_number_is_a_bad_value(umprov_cli):
     result = umprov_cli("report", "--since", "9" * 400 + "d")
-    assert result.exit_code == ExitCode.USAGE
+    assert result.exit_code == ExitCode.CONFIG
     assert "is not an age" in result.stderr and len(result.stderr.splitlines()) == 1
 
 

@@ -198,9 +198,9 @@ def test_an_interrupt_during_a_hold_names_the_hosts_still_in_it(umprov_cli, inve
     (["--batch", "0"], 4, "--batch: '0' is not a number of hosts (3), a percent of them"),
     (["--batch", "3,,4"], 4, "--batch: '3,,4' is not a number of hosts"),
     (["--batch", "x%"], 4, "--batch: 'x%' is not a number of hosts"),
-    (["--canary", "0"], 2, "--canary"),
-    (["--max-fail-percent", "101"], 2, "--max-fail-percent"),
-    (["--verify", "slow"], 2, "--verify"),
+    (["--canary", "0"], 4, "--canary"),  # Click's range: a bad value too
+    (["--max-fail-percent", "101"], 4, "--max-fail-percent"),
+    (["--verify", "slow"], 4, "--verify"),
     (["--check"], 4, "--rolling cannot be a dry run (--check)"),
     (["--playbook", "site.yml", "--playbook", "driver.yml"], 4, "--playbook does not apply"),
 ])

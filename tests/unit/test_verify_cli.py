@@ -113,17 +113,17 @@ def test_a_host_profile_that_does_not_exist_stops_verify_before_any_host(
 
 
 def test_timeout_must_be_positive(umprov_cli):
-    assert umprov_cli("verify", "--local", "--timeout", "0").exit_code == 2
+    assert umprov_cli("verify", "--local", "--timeout", "0").exit_code == 4
 
 
 @pytest.mark.parametrize("value", ["nan", "-nan", "inf", "1e999"])
-def test_a_timeout_that_never_fires_is_a_usage_error(umprov_cli, monkeypatch, value):
+def test_a_timeout_that_never_fires_is_a_bad_value(umprov_cli, monkeypatch, value):
     """Click's FloatRange lets NaN past its bounds; a NaN or infinite deadline never fires."""
     import umprov.verify.local
 
     monkeypatch.setattr(umprov.verify.local, "run_local", lambda **kw: pytest.fail("ran"))
     result = umprov_cli("verify", "--local", "--timeout", value)
-    assert result.exit_code == 2
+    assert result.exit_code == 4
     (line,) = result.stderr.splitlines()
     assert f"'--timeout': {value!r} is not a finite number" in line
 

@@ -242,6 +242,8 @@ def run(args: list[str] | None = None) -> int:
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
             hint = f" (see '{exc.ctx.command_path} --help')"
         click.echo(f"umprov: error: {' '.join(exc.format_message().split())}{hint}", err=True)
+        if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+            return ExitCode.CONFIG  # a value Click's types refuse is a bad value, as ours are
         return exc.exit_code
     except UmprovError as exc:
         for line in exc.lines():
