@@ -24,20 +24,24 @@ RUNTIME = r"""
 #include <stddef.h>
 #include <stdlib.h>
 size_t fake_free;
-int fake_mallocs;
+int fake_mallocs, fake_other_mallocs, fake_info_rc, fake_last_error;
 int cudaMalloc(void **p, size_t n) { (void)n; fake_mallocs++; *p = malloc(1); return 0; }
+int other_malloc(void **p, size_t n) { (void)n; fake_other_mallocs++; *p = malloc(1); return 0; }
 int cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   *free_bytes = fake_free;
   *total = 2 * fake_free;
-  return 0;
+  fake_last_error = fake_info_rc;
+  return fake_info_rc;
 }
+int cudaGetLastError(void) { int e = fake_last_error; fake_last_error = 0; return e; }
 """
 CALLER = r"""
 #include <stddef.h>
 int cudaMalloc(void **p, size_t n);
 int caller_alloc(size_t n) { void *p = NULL; return cudaMalloc(&p, n); }
 """
-LINKS = {"lazy": ["-Wl,-z,lazy"], "now": ["-Wl,-z,relro,-z,now"], "other": []}
+LINKS = {"lazy": ["-Wl,-z,lazy"], "now": ["-Wl,-z,relro,-z,now"],
+         "noplt": ["-fno-plt", "-Wl,-z,relro,-z,now"], "other": []}  # noplt: a GLOB_DAT slot
 
 
 @pytest.fixture(scope="module")
@@ -72,26 +76,28 @@ def process(built: Path, managed_library: Path, tmp_path: Path) -> SimpleNamespa
     copy = tmp_path / "libumprov_managed.so"
     shutil.copy(managed_library, copy)
     lib = ctypes.CDLL(str(copy))
-    lib.umprov_headroom_install.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                                            ctypes.c_longlong]
+    lib.umprov_headroom_install.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 3 + [
+        ctypes.c_longlong]
     lib.umprov_headroom_refused.restype = ctypes.c_longlong
     free = ctypes.c_size_t.in_dll(runtime, "fake_free")
-    mallocs = ctypes.c_int.in_dll(runtime, "fake_mallocs")
-    mallocs.value = 0
+    counts = {name: ctypes.c_int.in_dll(runtime, f"fake_{name}")
+              for name in ("mallocs", "other_mallocs", "info_rc", "last_error")}
+    for count in counts.values():
+        count.value = 0
 
     def address(name: str) -> int | None:
         return ctypes.cast(getattr(runtime, name), ctypes.c_void_p).value
 
-    def install(name: str, headroom: int) -> int:
+    def install(name: str, headroom: int, real: str = "cudaMalloc") -> int:
         return lib.umprov_headroom_install(f"{tmp_path}/libcaller_{name}.so".encode(),
-                                           address("cudaMalloc"), address("cudaMemGetInfo"),
-                                           headroom)
+                                           address(real), address("cudaMemGetInfo"),
+                                           address("cudaGetLastError"), headroom)
 
-    return SimpleNamespace(lib=lib, callers=callers, free=free, mallocs=mallocs,
-                           install=install)
+    return SimpleNamespace(lib=lib, callers=callers, free=free, mallocs=counts["mallocs"],
+                           counts=counts, install=install)
 
 
-@pytest.mark.parametrize("link", ["lazy", "now"])
+@pytest.mark.parametrize("link", ["lazy", "now", "noplt"])
 def test_the_named_library_keeps_the_headroom_and_no_other(process: SimpleNamespace,
                                                            link: str) -> None:
     process.free.value = 1024 * MIB
@@ -125,7 +131,7 @@ def mappings(path: Path) -> list[tuple[int, int, str]]:
     return merged
 
 
-@pytest.mark.parametrize("link", ["lazy", "now"])
+@pytest.mark.parametrize("link", ["lazy", "now", "noplt"])
 def test_the_library_keeps_its_pages_protections(process: SimpleNamespace, tmp_path: Path,
                                                  link: str) -> None:
     """A slot under RELRO is read-only again after the store; a page the loader left
@@ -146,10 +152,31 @@ def test_a_second_install_changes_the_headroom_and_no_headroom_passes_everything
     assert process.callers["lazy"].caller_alloc(1024 * MIB) == 0
 
 
+@pytest.mark.parametrize("link", ["lazy", "now", "noplt"])
+def test_a_slot_bound_already_keeps_its_function(process: SimpleNamespace, link: str) -> None:
+    """Bound at load (Python loads libraries RTLD_NOW, as it loads torch's), the slot's own
+    function stays the one called (an interposer's too), not the runtime's given."""
+    process.free.value = 1024 * MIB
+    assert process.install(link, 0, real="other_malloc") == 1
+    assert process.callers[link].caller_alloc(MIB) == 0
+    assert (process.counts["mallocs"].value, process.counts["other_mallocs"].value) == (1, 0)
+
+
+def test_a_failed_free_memory_reading_passes_and_leaves_no_error_behind(
+        process: SimpleNamespace) -> None:
+    process.free.value = 0
+    process.counts["info_rc"].value = 999  # cudaMemGetInfo fails: the call goes through
+    assert process.install("lazy", 512 * MIB) == 1
+    assert process.callers["lazy"].caller_alloc(MIB) == 0
+    assert process.mallocs.value == 1 and process.counts["last_error"].value == 0
+
+
 def test_no_library_of_that_name_points_nothing(process: SimpleNamespace) -> None:
-    assert process.lib.umprov_headroom_install(b"libc10_cuda.so", 1, 1, 512 * MIB) == 0
-    assert process.lib.umprov_headroom_install(b"libc10_cuda.so", None, 1, 512 * MIB) == -1
-    assert process.lib.umprov_headroom_install(b"libc10_cuda.so", 1, 1, -1) == -1
+    install = process.lib.umprov_headroom_install
+    assert install(b"libc10_cuda.so", 1, 1, 1, 512 * MIB) == 0
+    assert install(b"libc10_cuda.so", None, 1, 1, 512 * MIB) == -1
+    assert install(b"libc10_cuda.so", 1, 1, None, 512 * MIB) == -1
+    assert install(b"libc10_cuda.so", 1, 1, 1, -1) == -1
     assert process.callers["lazy"].caller_alloc(1) == 0
 
 
@@ -173,6 +200,7 @@ def python_side(process: SimpleNamespace, built: Path, managed_library: Path, tm
     cudart = SimpleNamespace(cudaMallocManaged=runtime.cudaMalloc, cudaFree=runtime.cudaMalloc,
                              cudaMemAdvise=runtime.cudaMalloc, cudaMalloc=runtime.cudaMalloc,
                              cudaMemGetInfo=runtime.cudaMemGetInfo,
+                             cudaGetLastError=runtime.cudaGetLastError,
                              cudaRuntimeGetVersion=version)
     copy = tmp_path / "python-side.so"
     shutil.copy(managed_library, copy)
@@ -190,6 +218,7 @@ def test_the_python_side_guards_the_caching_allocators_library(
     monkeypatch.setattr(module, "GUARDED", f"{tmp_path}/libcaller_now.so")
     module._state["headroom"] = 512 * MIB
     lib = module._library()
+    module._keep_headroom(lib)
     process.free.value = 1024 * MIB
     assert process.callers["now"].caller_alloc(768 * MIB) == REFUSED
     assert process.callers["lazy"].caller_alloc(768 * MIB) == 0
@@ -200,8 +229,38 @@ def test_without_the_caching_allocators_library_no_headroom_is_counted(
         python_side: SimpleNamespace, capsys: pytest.CaptureFixture[str]) -> None:
     module = python_side.module
     module._state["headroom"] = 512 * MIB
-    module._library()  # no libc10_cuda.so in this process
+    module._keep_headroom(module._library())  # no libc10_cuda.so in this process
     assert module._state["headroom"] == 0  # device_room counts none
     assert capsys.readouterr().err == ("umprov managed memory: no headroom kept for CUDA: "
                                        "libc10_cuda.so's cudaMalloc not found\n")
 
+
+
+def test_no_headroom_where_the_reservoir_could_not_be_made(
+        python_side: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a reservoir to turn to, a guarded cudaMalloc would only run out of memory
+    512 MiB sooner than PyTorch does: the guard comes last, once the reservoir is there."""
+    module = python_side.module
+    module._state.update(headroom=512 * MIB)
+    kept: list = []
+    monkeypatch.setattr(module, "_keep_headroom", kept.append)
+    monkeypatch.setattr(module, "_library", lambda: "library")
+    monkeypatch.setattr(module, "_first_device", lambda torch: 0)
+    torch = SimpleNamespace(cuda=SimpleNamespace(memory=SimpleNamespace(
+        CUDAPluggableAllocator=lambda *args: "allocator")))
+
+    def refused(torch: object, device: int) -> None:
+        raise RuntimeError("GPU 0 has no concurrent managed access")
+
+    monkeypatch.setattr(module, "_fill", refused)
+    with pytest.raises(RuntimeError, match="concurrent"):
+        module._start(torch)
+    assert kept == []
+    module._state.clear()  # as enable() and the import hook do on a failed start
+    module._state.update(headroom=512 * MIB)
+    import umprov_managed_step
+
+    monkeypatch.setattr(module, "_fill", lambda torch, device: None)
+    monkeypatch.setattr(umprov_managed_step, "install", lambda library: None)
+    module._start(torch)
+    assert kept == ["library"]

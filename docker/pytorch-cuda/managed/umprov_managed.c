@@ -223,19 +223,22 @@ void umprov_um_stats(long long out[6]) {
 /* Headroom: the caching allocator's cudaMalloc, refused short of the device's last bytes. */
 typedef int (*cuda_malloc_fn)(void **, size_t);
 typedef int (*mem_info_fn)(size_t *, size_t *);
+typedef int (*last_error_fn)(void);
 enum { CUDA_ERROR_MEMORY_ALLOCATION = 2 };
 
 static struct {
   cuda_malloc_fn real;
   mem_info_fn info;
+  last_error_fn clear; /* cudaGetLastError */
   size_t headroom;
   long long refused;
 } guard;
 
 static int guarded_malloc(void **p, size_t n) {
-  size_t free_bytes = 0, total = 0;
-  if (guard.info(&free_bytes, &total) == 0 &&
-      (free_bytes < guard.headroom || free_bytes - guard.headroom < n)) {
+  size_t free_bytes = 0, total = 0, headroom = __atomic_load_n(&guard.headroom, __ATOMIC_RELAXED);
+  if (guard.info(&free_bytes, &total) != 0) {
+    guard.clear(); /* PyTorch checks the last error before its next allocation */
+  } else if (free_bytes < headroom || free_bytes - headroom < n) {
     __atomic_add_fetch(&guard.refused, 1, __ATOMIC_RELAXED);
     return CUDA_ERROR_MEMORY_ALLOCATION; /* as cudaMalloc's own: PyTorch asks the reservoir */
   }
@@ -258,6 +261,17 @@ typedef struct {
 /* A dynamic entry's address: glibc relocates them in place, other loaders may not. */
 static uintptr_t dyn_address(uintptr_t base, uintptr_t p) { return p < base ? base + p : p; }
 
+/* Whether p is in the object's own segments (an unbound slot points at its PLT). */
+static int inside(const struct dl_phdr_info *info, const void *p) {
+  for (int h = 0; h < info->dlpi_phnum; h++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[h];
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+    if (ph->p_type == PT_LOAD && (uintptr_t)p >= lo && (uintptr_t)p < lo + ph->p_memsz)
+      return 1;
+  }
+  return 0;
+}
+
 static void point_slots(const struct dl_phdr_info *info, const ElfW(Rela) *rel, size_t bytes,
                         const ElfW(Sym) *syms, const char *names, target *t) {
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -266,6 +280,9 @@ static void point_slots(const struct dl_phdr_info *info, const ElfW(Rela) *rel, 
         strcmp(names + syms[ELF64_R_SYM(rel[i].r_info)].st_name, "cudaMalloc") != 0)
       continue;
     void **slot = (void **)(info->dlpi_addr + rel[i].r_offset);
+    void *bound = __atomic_load_n(slot, __ATOMIC_SEQ_CST);
+    if (bound != (void *)guarded_malloc && !inside(info, bound))
+      guard.real = (cuda_malloc_fn)bound; /* bound already, maybe to an interposer: kept */
     /* RELRO leaves the slot read-only once bound: writable for the store, then read-only */
     void *start = (void *)((uintptr_t)slot & ~(page - 1));
     if (mprotect(start, page, PROT_READ | PROT_WRITE) != 0) {
@@ -321,17 +338,20 @@ static int point_object(struct dl_phdr_info *info, size_t size, void *data) {
 }
 
 /* Points every loaded library whose path holds ``object`` at guarded_malloc for cudaMalloc,
- * keeping ``headroom`` bytes of the device free; real_malloc and mem_get_info are the CUDA
- * runtime's cudaMalloc and cudaMemGetInfo. Returns the slots pointed (0: none found), or -1. */
+ * keeping ``headroom`` bytes of the device free; real_malloc, mem_get_info and get_last_error
+ * are the CUDA runtime's cudaMalloc, cudaMemGetInfo and cudaGetLastError (a slot bound
+ * already keeps what it was bound to). Returns the slots pointed (0: none found), or -1
+ * where a slot could not be pointed. */
 int umprov_headroom_install(const char *object, void *real_malloc, void *mem_get_info,
-                            long long headroom) {
-  if (!object || !real_malloc || !mem_get_info || headroom < 0) return -1;
-  guard.real = (cuda_malloc_fn)real_malloc;
+                            void *get_last_error, long long headroom) {
+  if (!object || !real_malloc || !mem_get_info || !get_last_error || headroom < 0) return -1;
+  if (!guard.real) guard.real = (cuda_malloc_fn)real_malloc;
   guard.info = (mem_info_fn)mem_get_info;
+  guard.clear = (last_error_fn)get_last_error;
   __atomic_store_n(&guard.headroom, (size_t)headroom, __ATOMIC_SEQ_CST);
   target t = {object, 0, 0};
   dl_iterate_phdr(point_object, &t);
-  return t.failed && !t.slots ? -1 : t.slots;
+  return t.failed ? -1 : t.slots;
 }
 
 /* cudaMalloc calls the headroom refused. */

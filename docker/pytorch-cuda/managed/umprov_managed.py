@@ -8,7 +8,7 @@
 In umprov's image, UMPROV_MANAGED_MEMORY=1 (`umprov deploy --managed-memory`) enables it in
 every Python that imports torch: umprov_managed.pth installs ``after_torch_import``.
 
-PyTorch's caching allocator stays the allocator, on device memory, untouched: statistics,
+PyTorch's caching allocator stays the allocator, on device memory (less the headroom): statistics,
 ``record_stream``, cuDNN, CUDA graphs and expandable segments work as without it. Where it
 runs out (after its own out-of-memory path gave its cache back), it takes a free block of the
 device's reservoir instead of raising: a ``torch.cuda.MemPool(..., use_on_oom=True)`` whose
@@ -113,14 +113,23 @@ def _library() -> ctypes.CDLL:
                             address("cudaMemAdvise"), version.value, -1, host_reserve)
     if rc != 0:
         raise RuntimeError(f"{LIBRARY}: umprov_um_init failed ({rc})")
-    if _state.get("headroom"):
-        pointed = lib.umprov_headroom_install(GUARDED.encode(), address("cudaMalloc"),
-                                              address("cudaMemGetInfo"), _state["headroom"])
-        if pointed <= 0:  # the reservoir works on; CUDA may find the device full
-            _state["headroom"] = 0
-            print(f"umprov managed memory: no headroom kept for CUDA: {GUARDED}'s cudaMalloc "
-                  f"{'not found' if pointed == 0 else 'could not be pointed'}", file=sys.stderr)
     return lib
+
+
+def _keep_headroom(lib: ctypes.CDLL) -> None:
+    """The caching allocator's cudaMalloc leaves the headroom free (once the reservoir is
+    there to turn to: without one it would only run out of memory sooner)."""
+    if not _state.get("headroom"):
+        return
+    cudart = _cudart()
+    pointed = lib.umprov_headroom_install(
+        GUARDED.encode(), *(ctypes.cast(getattr(cudart, name), ctypes.c_void_p).value
+                            for name in ("cudaMalloc", "cudaMemGetInfo", "cudaGetLastError")),
+        _state["headroom"])
+    if pointed <= 0:  # the reservoir works on; CUDA may find the device full
+        _state["headroom"] = 0
+        print(f"umprov managed memory: no headroom kept for CUDA: {GUARDED}'s cudaMalloc "
+              f"{'not found' if pointed == 0 else 'could not be pointed'}", file=sys.stderr)
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -135,8 +144,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.umprov_um_owns.restype = ctypes.c_int
     lib.umprov_um_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     lib.umprov_um_stats.restype = None
-    lib.umprov_headroom_install.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                                            ctypes.c_longlong]
+    lib.umprov_headroom_install.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 3 + [
+        ctypes.c_longlong]
     lib.umprov_headroom_install.restype = ctypes.c_int
     lib.umprov_headroom_refused.argtypes = []
     lib.umprov_headroom_refused.restype = ctypes.c_longlong
@@ -201,6 +210,7 @@ def _start(torch: Any) -> None:
         _state.update(library=library, allocator=allocator)
         _fill(torch, _first_device(torch))
         install(library)
+        _keep_headroom(library)
 
 
 def _first_device(torch: Any) -> int:
