@@ -281,6 +281,30 @@ def test_ssh_args_that_would_replace_host_key_checking_are_refused(tmp_path, ump
     assert "gpu2" not in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize(("key", "meant"), [
+    ("ansbile_host", "ansible_host"), ("ansible_hots", "ansible_host"),
+    ("ansible_usr", "ansible_user"), ("ansible_prot", "ansible_port"),
+    ("ansible_ssh_privte_key_file", "ansible_ssh_private_key_file")])
+def test_a_near_miss_of_a_connection_variable_is_refused(tmp_path, umprov_cli, key, meant):
+    """Ansible reads it as any variable and connects by the host's name (or as the user
+    running it): one line naming the file, line and the variable meant."""
+    site = write(tmp_path / "hosts.yml", f"""
+        all:
+          hosts:
+            gpu1: {{{key}: x1}}
+            gpu2:
+              ansible_host: 10.0.0.2
+              ansible_hostname: gpu2
+              ansible_user_dir: /root
+              ansible_python_interpreter: /usr/bin/python3
+              ansible_ssh_host: 10.0.0.2
+    """)
+    result = umprov_cli("inventory", "check", str(site))
+    assert result.exit_code == ExitCode.INVENTORY
+    assert result.stderr == (f"umprov: error: {site}:3: host 'gpu1' sets '{key}', which Ansible "
+                             f"does not read (did you mean '{meant}'?)\n")
+
+
 def test_template_with_an_undefined_variable_is_named(tmp_path):
     path = write(tmp_path / "hosts.yml", """
         all:

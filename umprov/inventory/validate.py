@@ -6,10 +6,12 @@ naming the file and line the value came from, and the template when there was on
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, TypeVar
 
 from umprov.errors import InventoryError
@@ -36,6 +38,7 @@ _PORT = ("ansible_port", "ansible_ssh_port")
 ENDPOINT = frozenset(_ADDRESS + _PORT)  # the variables a host's address and port are read from
 _USER = ("ansible_user", "ansible_ssh_user")
 _KEY_FILE = ("ansible_ssh_private_key_file", "ansible_private_key_file")
+_CONNECTION = _ADDRESS + _PORT + _USER + _KEY_FILE  # what umprov reads to reach a host
 _UNRESOLVED = object()  # a role variable whose template needs what only a play has (facts)
 _SOME_HOST = "host '\0'"  # a message's host, while alike messages are merged
 _WHERE = re.compile(r"^(?P<path>[^:\s]+)(?::(?P<line>\d+))?:")
@@ -162,6 +165,7 @@ def to_host(parsed: Parsed, ans_host: Any, all_vars: dict[str, Any], checks: Che
     hv = HostVars(parsed, name, all_vars, checks)
     problems = Problems()
     problems.attempt(_refuse_replaced_ssh_args, hv)
+    problems.attempt(_refuse_misspelt_connection, hv)
     address = problems.attempt(_address, hv, name)
     port_key = hv.first(_PORT)
     port = problems.attempt(_port, hv, port_key) if port_key else 22
@@ -244,6 +248,28 @@ def _refuse_replaced_ssh_args(hv: HostVars) -> None:
             f"{hv.where(key)}: host '{hv.name}' sets {key}, which would replace the options "
             "umprov checks host keys with; put them in ansible_ssh_common_args instead"
         )
+
+
+def _refuse_misspelt_connection(hv: HostVars) -> None:
+    """A near miss of a variable a host is reached by (``ansbile_host``, ``ansible_usr``):
+    Ansible takes it as any other variable and connects by the host's name, as its user."""
+    for key in map(str, hv.all_vars):
+        meant = _connection_meant(key)
+        if meant:
+            raise InventoryError(f"{hv.where(key)}: host '{hv.name}' sets '{key}', which "
+                                 f"Ansible does not read (did you mean '{meant}'?)")
+
+
+@cache
+def _connection_meant(key: str) -> str | None:
+    """The connection variable ``key`` is a near miss of; None for Ansible's own names."""
+    from ansible import constants  # loaded already: the inventory came through Ansible
+
+    known = {n for names in constants.MAGIC_VARIABLE_MAPPING.values() for n in names}
+    if key in known or not 8 <= len(key) <= 32:
+        return None
+    close = difflib.get_close_matches(key, _CONNECTION, n=1, cutoff=0.9)
+    return close[0] if close else None
 
 
 def _port(hv: HostVars, key: str) -> int:
