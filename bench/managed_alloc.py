@@ -44,8 +44,7 @@ GIB = 1 << 30
 
 def build(out: Path, source: Path = SOURCE) -> Path:
     library = out / "libumprov_managed.so"
-    subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", str(library),
-                    str(source / "umprov_managed.c"), "-lpthread"], check=True)
+    subprocess.run(["sh", str(source / "build.sh"), str(library)], check=True)
     return library
 
 

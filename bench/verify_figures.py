@@ -269,8 +269,7 @@ def managed_env(env: dict) -> dict:
     if not shutil.which("gcc"):
         return env
     lib = Path(tempfile.mkdtemp(prefix="umprov-managed-")) / "libumprov_managed.so"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib),
-                    str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+    subprocess.run(["sh", str(MANAGED / "build.sh"), str(lib)], check=True)
     return {**env, "UMPROV_MANAGED_LIBRARY": str(lib),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(MANAGED), env.get("PYTHONPATH")]))}
 

@@ -54,6 +54,7 @@ CONTEXT_FILES = (
     "sshd_config",
     "user-setup.sh",
     "managed/umprov_managed.c",  # the managed-memory allocator (docs/managed-memory.md)
+    "managed/build.sh",
     "managed/umprov_managed.py",
     "managed/umprov_managed_conf.py",
     "managed/umprov_managed_step.py",

@@ -37,8 +37,7 @@ def test_a_step_past_the_memory_left_runs_and_a_fitting_one_is_unchanged(tmp_pat
 
 def test_the_environment_switch_enables_it_at_torchs_import(tmp_path):
     library = tmp_path / "libumprov_managed.so"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library),
-                    str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+    subprocess.run(["sh", str(MANAGED / "build.sh"), str(library)], check=True)
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import umprov_managed; "
         "umprov_managed.after_torch_import(); import torch; "
@@ -62,8 +61,7 @@ def test_the_agent_proves_a_step_past_its_device_budget(agent, tmp_path, gpu_cou
     umprov's image: every GPU's step completes, its layers on the host and on the GPU end
     bit-identical, and the step is within the warn limit of its PCIe floor."""
     library = tmp_path / "libumprov_managed.so"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library),
-                    str(MANAGED / "umprov_managed.c"), "-lpthread"], check=True)
+    subprocess.run(["sh", str(MANAGED / "build.sh"), str(library)], check=True)
     path = os.pathsep.join(p for p in (str(MANAGED), os.environ.get("PYTHONPATH")) if p)
     out = tmp_path / "oversub.json"
     env = {**os.environ, **NVLS_OFF, "PYTHONPATH": path, "UMPROV_MANAGED_LIBRARY": str(library),
