@@ -6,13 +6,14 @@
 #
 # early, homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
 # momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left, where torchao's offload
-# keeps too much on the GPU to run; discard; gputests.
+# keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
+# keeps (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
 #
 # On the GPU host, from the repository root, with torchao's wheel carried in .whl/. Results in
 # $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's
 # row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
 set -u
-ALL="early homes discard expandable lag optims mlp tight gputests"
+ALL="early homes discard expandable lag optims mlp tight headroom gputests"
 stages=${*:-$ALL}
 for s in $stages; do
     case " $ALL " in
@@ -59,6 +60,9 @@ for s in $stages; do
         optims) peers optims 300 "$OPTIMS" ;;
         mlp) peers mlp 240 "$ROWS,$FITS" --model mlp --layers 6 ;;
         tight) peers tight 200 "$DOWN" --left-gib 9 ;;
+        headroom)
+            peers headroom 120 pool_grads_down:adamw:bf16,pool:adamw:bf16
+            UMPROV_MANAGED_HEADROOM=0 peers headroom-off 100 pool_grads_down:adamw:bf16 ;;
         gputests)
             timeout 450 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
                 tests/gpu/test_managed_compat_gpu.py tests/gpu/test_managed_allocator_gpu.py \

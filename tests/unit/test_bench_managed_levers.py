@@ -39,7 +39,7 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "managed_levers.sh: unknown stage 'expandible' (early homes discard expandable lag optims "
-        "mlp tight gputests)"]
+        "mlp tight headroom gputests)"]
     assert not out.exists()
 
 
@@ -79,3 +79,15 @@ def test_the_optimizer_mlp_and_tight_stages_run_their_own_rows_and_sizes(recorde
     tight = (out / "tight.txt").read_text().split()
     left = [tight[i + 1] for i, a in enumerate(tight) if a == "--left-gib"]
     assert left[-1] == "9"  # the last one is the one argparse keeps
+
+
+def test_the_headroom_stage_runs_bf16_with_cudas_headroom_and_without(recorded):
+    env, out = recorded
+    fakebin.shell(Path(env["PATH"].split(":")[0]), "python3",
+                  'echo "args: $*"\necho "headroom: ${UMPROV_MANAGED_HEADROOM:-default}"\n')
+    run = levers(env, "headroom")
+    assert run.returncode == 0, run.stderr
+    kept, off = (out / "headroom.txt").read_text(), (out / "headroom-off.txt").read_text()
+    assert "pool_grads_down:adamw:bf16" in kept and "headroom: default" in kept
+    assert "pool_grads_down:adamw:bf16" in off and "headroom: 0" in off
+    assert "UMPROV_MANAGED_HEADROOM" not in env
