@@ -38,8 +38,8 @@ lag_copy() {  # the managed modules with gradients down holding 1 GiB in flight 
     local dir="$out/lag-managed"
     mkdir -p "$dir"
     cp docker/pytorch-cuda/managed/* "$dir/"
-    sed -i 's/^LAG = 256 << 20/LAG = 1 << 30/' "$dir/umprov_managed_step.py"
-    grep -q '^LAG = 1 << 30' "$dir/umprov_managed_step.py" || { echo "lag: LAG not found" >&2; return 1; }
+    sed -i 's/^LAG = 256 << 20/LAG = 1 << 30/' "$dir/umprov_managed_grads.py"
+    grep -q '^LAG = 1 << 30' "$dir/umprov_managed_grads.py" || { echo "lag: LAG not found" >&2; return 1; }
     echo "$dir"
 }
 ROWS=pool:adamw:fp32,pool_grads_down:adamw:fp32,torchao:adamw:fp32

@@ -58,6 +58,8 @@ CONTEXT_FILES = (
     "managed/umprov_managed.py",
     "managed/umprov_managed_conf.py",
     "managed/umprov_managed_step.py",
+    "managed/umprov_managed_grads.py",
+    "managed/umprov_managed_pinned.py",
 )
 
 

@@ -60,9 +60,9 @@ def test_the_lag_stage_measures_a_copy_with_1_gib_in_flight(recorded):
     assert run.returncode == 0, run.stderr
     args = (out / "lag.txt").read_text().splitlines()[0].split()
     copy = Path(args[args.index("--managed") + 1])
-    step = (copy / "umprov_managed_step.py").read_text()
+    step = (copy / "umprov_managed_grads.py").read_text()
     assert "\nLAG = 1 << 30" in step
-    original = (REPO / "docker/pytorch-cuda/managed/umprov_managed_step.py").read_text()
+    original = (REPO / "docker/pytorch-cuda/managed/umprov_managed_grads.py").read_text()
     assert step.replace("LAG = 1 << 30", "LAG = 256 << 20", 1) == original
 
 

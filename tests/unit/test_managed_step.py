@@ -25,6 +25,8 @@ MANAGED = REPO / "docker" / "pytorch-cuda" / "managed"
 if str(MANAGED) not in sys.path:
     sys.path.insert(0, str(MANAGED))
 
+import umprov_managed_grads as managed_grads  # noqa: E402
+import umprov_managed_pinned as pinned_memory  # noqa: E402
 import umprov_managed_step as step  # noqa: E402
 from torch.optim.optimizer import (  # noqa: E402
     register_optimizer_step_post_hook,
@@ -421,7 +423,7 @@ def hooks(monkeypatch):
     monkeypatch.setattr(step.HostStep, "__init__", init)
     monkeypatch.setattr(step.HostStep, "step", host_step_cpu)
     monkeypatch.setattr(step, "eligible", lambda opt, args, kwargs: switch.eligible)
-    monkeypatch.setattr(step, "_spilling", lambda: switch.spilling)
+    monkeypatch.setattr(managed_grads, "spilling", lambda: switch.spilling)
     monkeypatch.delenv("UMPROV_MANAGED_HOST_STEP", raising=False)
     handles = [register_optimizer_step_pre_hook(step._before_step),
                register_optimizer_step_post_hook(step._after_step)]
@@ -553,19 +555,19 @@ def test_host_step_0_steps_on_the_device(hooks, monkeypatch):
 def test_spilling_is_live_bytes_in_the_reservoir_read_at_most_once_a_recheck(monkeypatch):
     live, clock = [0], [100.0]
     monkeypatch.setattr(step._managed(), "spilled", lambda: live[0])
-    monkeypatch.setattr(step, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    monkeypatch.setattr(step, "_seen", {"at": -step.RECHECK, "spilling": False})
-    assert not step._spilling()
+    monkeypatch.setattr(managed_grads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(managed_grads, "_seen", {"at": -managed_grads.RECHECK, "spilling": False})
+    assert not managed_grads.spilling()
     live[0] = 4096
-    assert not step._spilling()  # read a moment ago: not read again yet
-    clock[0] += step.RECHECK
-    assert step._spilling()
+    assert not managed_grads.spilling()  # read a moment ago: not read again yet
+    clock[0] += managed_grads.RECHECK
+    assert managed_grads.spilling()
 
 
 def test_masters_are_read_again_where_a_parameter_changed_outside_the_optimizer(monkeypatch):
     """_masters_for: one host block a dtype, the parameters' values, and a parameter changed
     since the last step (a checkpoint loaded into the model) read again."""
-    monkeypatch.setattr(step, "_pinned", lambda numel, dtype, *args, **kwargs: torch.empty(
+    monkeypatch.setattr(pinned_memory, "pinned", lambda numel, dtype, *args, **kwargs: torch.empty(
         numel, dtype=dtype))
     params = parameters()
     half = torch.nn.Parameter(torch.randn(3).half())
@@ -589,7 +591,7 @@ def test_masters_are_read_again_where_a_parameter_changed_outside_the_optimizer(
 
 def test_a_host_view_is_the_same_memory():
     t = torch.arange(6, dtype=torch.float32).view(2, 3)
-    view = step._host_view(t)
+    view = pinned_memory.host_view(t)
     assert view.shape == t.shape and view.dtype == t.dtype
     view[1, 2] = 42.0
     assert t[1, 2] == 42.0
@@ -641,7 +643,7 @@ def cpu_streams(monkeypatch):
 
 
 def grads_down(params: list[torch.Tensor], down: FakeStream,
-               made: list | None = None) -> step.GradsDown:
+               made: list | None = None) -> managed_grads.GradsDown:
     """GradsDown whose homes are host tensors, their "mapped" view the tensor itself;
     ``made``: the parameters a home was made for."""
     def home(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -650,7 +652,7 @@ def grads_down(params: list[torch.Tensor], down: FakeStream,
         host = torch.zeros_like(p)
         return host, host
 
-    return step.GradsDown(params, down, home)
+    return managed_grads.GradsDown(params, down, home)
 
 
 def test_a_home_is_made_at_a_gradients_first_arrival_on_the_device_only(cpu_streams,
@@ -659,7 +661,7 @@ def test_a_home_is_made_at_a_gradients_first_arrival_on_the_device_only(cpu_stre
     it too would hold it twice on the host."""
     made: list = []
     spilled, placed = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
-    monkeypatch.setattr(step, "_in_reservoir", lambda t: t.shape == spilled.shape)
+    monkeypatch.setattr(managed_grads, "in_reservoir", lambda t: t.shape == spilled.shape)
     down = grads_down([spilled, placed], cpu_streams.down, made)
     assert made == []  # nothing at attach
     for _ in range(2):
@@ -671,7 +673,7 @@ def test_a_home_is_made_at_a_gradients_first_arrival_on_the_device_only(cpu_stre
 
 def test_host_memory_that_cannot_be_mapped_leaves_gradients_to_the_step(cpu_streams):
     p = torch.nn.Parameter(torch.ones(4))
-    down = step.GradsDown([p], cpu_streams.down, lambda p: None)
+    down = managed_grads.GradsDown([p], cpu_streams.down, lambda p: None)
     p.sum().backward()
     assert not down.handles and down.host_of(p) is None
     assert torch.equal(p.grad, torch.ones(4)) and not cpu_streams.log
@@ -707,7 +709,7 @@ def test_copied_gradients_go_back_to_the_pool_behind_their_copies_within_the_lag
         cpu_streams, monkeypatch):
     """A device gradient is kept until its stream waits for its copy, at most LAG bytes of
     them (not record_stream: as measured, docs/managed-memory.md)."""
-    monkeypatch.setattr(step, "LAG", 2 * 4 * 4)  # two gradients of 4 floats
+    monkeypatch.setattr(managed_grads, "LAG", 2 * 4 * 4)  # two gradients of 4 floats
     params = [torch.nn.Parameter(torch.ones(4)) for _ in range(4)]
     down = grads_down(params, cpu_streams.down)
     seen: list[tuple[int, int]] = []
@@ -718,7 +720,7 @@ def test_copied_gradients_go_back_to_the_pool_behind_their_copies_within_the_lag
     for p in params[1:]:
         loss = loss * p
     loss.sum().backward()
-    assert all(n <= 2 and nbytes <= step.LAG for n, nbytes in seen) and max(seen)[0] == 2
+    assert all(n <= 2 and nbytes <= managed_grads.LAG for n, nbytes in seen) and max(seen)[0] == 2
     waits = [e for e in cpu_streams.log if e[1] == "waits for"]
     assert waits == [("user", "waits for", "down 0"), ("user", "waits for", "down 1")]
     assert ("stream use", "down") not in cpu_streams.log
@@ -757,10 +759,10 @@ def watching(cpu_streams, monkeypatch):
     monkeypatch.setattr(step, "_early", {"hook": None, "grads": None})
     monkeypatch.setattr(step, "_watchable", lambda p: isinstance(p, torch.nn.Parameter)
                         and not torch.nn.parameter.is_lazy(p) and p.requires_grad)
-    monkeypatch.setattr(step, "_grads_down_wanted", lambda: switch.wanted)
-    monkeypatch.setattr(step, "_spilling", lambda: switch.spilling)
-    monkeypatch.setattr(step.GradsDown, "_nearly_full", lambda self, device: switch.full)
-    monkeypatch.setattr(step, "_in_reservoir", lambda t: id(t) in switch.in_reservoir)
+    monkeypatch.setattr(managed_grads, "wanted", lambda: switch.wanted)
+    monkeypatch.setattr(managed_grads, "spilling", lambda: switch.spilling)
+    monkeypatch.setattr(managed_grads.GradsDown, "_nearly_full", lambda self, device: switch.full)
+    monkeypatch.setattr(managed_grads, "in_reservoir", lambda t: id(t) in switch.in_reservoir)
     monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
         copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log)),
         device_room=device_room))
@@ -769,7 +771,7 @@ def watching(cpu_streams, monkeypatch):
         host = torch.zeros_like(p)
         return host, host
 
-    monkeypatch.setattr(step, "_pinned_home", home)
+    monkeypatch.setattr(pinned_memory, "pinned_home", home)
     step._early["hook"] = torch.nn.modules.module.register_module_forward_pre_hook(
         step._before_forward)
     yield switch
@@ -797,18 +799,18 @@ def test_parameters_are_watched_from_the_first_forward_and_nothing_goes_down_uns
 def test_once_a_gradient_spills_the_next_ones_go_down_in_the_same_backward(watching):
     model = two_layers()
     last_bias = model[1].bias
-    real = step.GradsDown._arrived
+    real = managed_grads.GradsDown._arrived
 
     def arrived(self, p):  # the first gradient backward makes lands in the reservoir
         if p is last_bias:
             watching.in_reservoir.add(id(p.grad))
         real(self, p)
 
-    step.GradsDown._arrived = arrived
+    managed_grads.GradsDown._arrived = arrived
     try:
         model(torch.ones(2, 4)).sum().backward()
     finally:
-        step.GradsDown._arrived = real
+        managed_grads.GradsDown._arrived = real
     early = step._early["grads"]
     down = {p for p in model.parameters() if early.host_of(p) is not None}
     assert last_bias not in down and down == set(model.parameters()) - {last_bias}
@@ -837,18 +839,18 @@ def test_a_gpu_nearly_full_sends_gradients_down_before_any_spills(watching):
 def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_of_room_read_now_and_then(
         monkeypatch, room, total, full):
     reads: list[int] = []
-    monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
+    monkeypatch.setattr(managed_grads, "_managed", lambda: SimpleNamespace(
         device_room=lambda device: reads.append(device) or room))
     monkeypatch.setattr(step.torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=total))
     clock = [100.0]  # the test's own clock: a busy machine must not pass ROOM_RECHECK for it
-    monkeypatch.setattr(step, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    down = step.GradsDown([], FakeStream("down", []))
+    monkeypatch.setattr(managed_grads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    down = managed_grads.GradsDown([], FakeStream("down", []))
     gpu = torch.device("cuda", 1)
     assert down._nearly_full(gpu) is full
-    clock[0] += step.ROOM_RECHECK / 2
+    clock[0] += managed_grads.ROOM_RECHECK / 2
     assert down._nearly_full(gpu) is False and reads == [1]  # not again within ROOM_RECHECK
-    clock[0] += step.ROOM_RECHECK
+    clock[0] += managed_grads.ROOM_RECHECK
     assert down._nearly_full(gpu) is full and reads == [1, 1]
 
 
@@ -969,7 +971,7 @@ def test_lazy_modules_and_functional_calls_are_not_watched(watching):
 
 def test_a_gradient_larger_than_the_lag_still_overlaps_backward(cpu_streams, monkeypatch):
     """Its stream does not wait for its copy at once: it is let go when the next one comes."""
-    monkeypatch.setattr(step, "LAG", 4)  # bytes: every gradient here is larger
+    monkeypatch.setattr(managed_grads, "LAG", 4)  # bytes: every gradient here is larger
     params = [torch.nn.Parameter(torch.ones(4)) for _ in range(3)]
     down = grads_down(params, cpu_streams.down)
     seen: list[int] = []
@@ -998,13 +1000,13 @@ def test_without_gradients_down_the_forward_hook_goes_at_once(watching):
 def test_grads_go_down_unless_switched_off_and_never_distributed(monkeypatch):
     monkeypatch.delenv("UMPROV_MANAGED_GRADS_DOWN", raising=False)
     monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: False)
-    assert step._grads_down_wanted()  # the default since run J: at torchao's step
+    assert managed_grads.wanted()  # the default since run J: at torchao's step
     monkeypatch.setenv("UMPROV_MANAGED_GRADS_DOWN", "0")
-    assert not step._grads_down_wanted()
+    assert not managed_grads.wanted()
     monkeypatch.setenv("UMPROV_MANAGED_GRADS_DOWN", "1")
-    assert step._grads_down_wanted()
+    assert managed_grads.wanted()
     monkeypatch.setattr(step.torch.distributed, "is_initialized", lambda: True)
-    assert not step._grads_down_wanted()
+    assert not managed_grads.wanted()
 
 
 @pytest.fixture
@@ -1022,7 +1024,7 @@ def page_locks(monkeypatch):
 
     runtime = SimpleNamespace(cudaHostRegister=register, cudaHostUnregister=unregister,
                               cudaHostGetDevicePointer=lambda *a: 1)  # not mapped: an error
-    monkeypatch.setattr(step, "_cudart", lambda: runtime)
+    monkeypatch.setattr(pinned_memory, "_cudart", lambda: runtime)
     return locked
 
 
@@ -1051,28 +1053,28 @@ def test_host_memory_is_unlocked_when_a_host_step_is_left_or_its_slots_replaced(
 
 def test_host_memory_not_mapped_for_the_gpu_is_unlocked_at_once(page_locks):
     pins: list = []
-    flat = step._pinned(1024, torch.float32, torch.device("cuda", 0), pins=pins, mapped=True)
+    flat = pinned_memory.pinned(1024, torch.float32, torch.device("cuda", 0), pins=pins, mapped=True)
     assert len(page_locks) == 1 and len(pins) == 1
-    assert step._device_view(flat, torch.device("cuda", 0), pins) is None
+    assert pinned_memory.device_view(flat, torch.device("cuda", 0), pins) is None
     assert page_locks == {}
     owner = type("Owner", (), {})()
-    step._pinned(16, torch.float32, torch.device("cuda", 0), owner)
+    pinned_memory.pinned(16, torch.float32, torch.device("cuda", 0), owner)
     assert len(page_locks) == 1
     del owner  # with its owner
     assert page_locks == {}
 
 
 def test_a_pinned_home_the_gpu_cannot_address_is_none_and_unlocked_at_once(page_locks):
-    assert step._pinned_home(torch.nn.Parameter(torch.ones(8))) is None
+    assert pinned_memory.pinned_home(torch.nn.Parameter(torch.ones(8))) is None
     assert page_locks == {}
 
 
 def test_locked_host_memory_has_whole_pages_of_its_own(page_locks):
     """Small tensors share pages with their neighbours, and a page cannot be locked twice."""
     owner = type("Owner", (), {})()
-    flats = [step._pinned(3, torch.float32, torch.device("cuda", 0), owner) for _ in range(4)]
+    flats = [pinned_memory.pinned(3, torch.float32, torch.device("cuda", 0), owner) for _ in range(4)]
     assert len(page_locks) == 4
-    assert all(at % step.PAGE == 0 and n % step.PAGE == 0 for at, n in page_locks.items())
+    assert all(at % pinned_memory.PAGE == 0 and n % pinned_memory.PAGE == 0 for at, n in page_locks.items())
     pages = sorted(page_locks.items())
     assert all(a + n <= b for (a, n), (b, _) in zip(pages, pages[1:], strict=False))
     assert all(f.numel() == 3 and f.data_ptr() in page_locks for f in flats)
