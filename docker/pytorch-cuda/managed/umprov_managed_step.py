@@ -12,9 +12,9 @@ more host memory than torchao's offload in the bench, run J of docs/managed-memo
 gradient backward made in device memory goes down while backward still runs (``GradsDown``,
 umprov_managed_grads.py): copied into pinned host memory, its device memory freed soon after,
 ``.grad`` a CUDA view of that host memory, so code between backward and step
-(``clip_grad_norm_``) still reads and scales it in place. Parameters are watched from the first forward (``_before_forward``), and
-gradients go down once the job spills or the GPU is nearly full, so the first step's gradients
-need not spill either.
+(``clip_grad_norm_``) still reads and scales it in place. Parameters are watched from the
+first forward (``_before_forward``), and gradients go down once the job spills or the GPU is
+nearly full, so the first step's gradients need not spill either.
 
 The user's code is unchanged: global optimizer step hooks run the user's own optimizer (its
 class, hyperparameters, LR schedule) over the host copies, then hide the parameters from the
