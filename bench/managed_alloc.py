@@ -114,7 +114,10 @@ def pinned_h2d(gib: float = 2.0) -> float:
 
 
 def run_case(library: Path, **case: object) -> dict:
-    env = {**os.environ, **NVLS_OFF, "UMPROV_MANAGED_LIBRARY": str(library)}
+    # the reservoir's own path, as these figures were first measured: gradients down (the
+    # default since run J) would keep the gradients out of it
+    env = {**os.environ, **NVLS_OFF, "UMPROV_MANAGED_LIBRARY": str(library),
+           "UMPROV_MANAGED_GRADS_DOWN": "0"}
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(case)], env=env,
                           capture_output=True, text=True, timeout=900, check=False)
     try:

@@ -76,10 +76,10 @@ def test_torch_compile(library, mode):
 @pytest.mark.parametrize("optim", ["adamw", "adamw_fused", "sgd"])
 def test_accumulation_clipping_and_a_schedule_train_as_on_the_default_allocator(library, optim):
     base, _ = run(library, "train", optim, pool=False)
-    pool, _ = run(library, "train", optim)
+    pool, _ = run(library, "train", optim, UMPROV_MANAGED_GRADS_DOWN="0")
     assert pool["enabled"] and pool["host_step"] and not pool["grads_down"], pool
     assert close(pool["losses"], base["losses"]), (pool["losses"], base["losses"])
-    down, _ = run(library, "train", optim, UMPROV_MANAGED_GRADS_DOWN="1")
+    down, _ = run(library, "train", optim)  # gradients down: the default since run J
     assert down["grads_down"] and close(down["losses"], base["losses"])
 
 
@@ -90,8 +90,8 @@ def test_gradients_down_keep_the_first_steps_out_of_the_reservoir(library):
     same (docs/managed-memory.md, runs H and I)."""
     budget = {"UMPROV_MANAGED_BUDGET": "1792m", "UMPROV_MANAGED_RESERVOIR": "8g",
               "UMPROV_MANAGED_HOST_STEP": "auto"}
-    kept, _ = run(library, "first_steps", **budget)
-    down, err = run(library, "first_steps", UMPROV_MANAGED_GRADS_DOWN="1", **budget)
+    kept, _ = run(library, "first_steps", UMPROV_MANAGED_GRADS_DOWN="0", **budget)
+    down, err = run(library, "first_steps", **budget)  # the default since run J
     assert kept["host_step"] and kept["pool"]["peak_spilled"] > 0, kept
     assert down["host_step"], err[-2000:]
     assert down["pool"]["peak_spilled"] < kept["pool"]["peak_spilled"] // 4, (down, kept)

@@ -118,6 +118,7 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     # the GPU's kernels over spilled memory, the path this check times against PCIe: the
     # optimizer's host step (umprov_managed_step) is the CPU's and bench/managed_peers.py's
     os.environ["UMPROV_MANAGED_HOST_STEP"] = "0"
+    os.environ["UMPROV_MANAGED_GRADS_DOWN"] = "0"  # nor gradients down: the GPU's path alone
     if dev >= torch.cuda.device_count():  # started on a guess that was too high
         em.event("absent", device=dev)
         em.done()
