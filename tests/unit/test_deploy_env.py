@@ -56,6 +56,16 @@ def pubkey(tmp_path: Path) -> Path:
     ({"PYTORCH_ALLOC_CONF": "backend : cudaMallocAsync"}, True, "PYTORCH_ALLOC_CONF="),
     ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True, max_split_size_mb:256"}, True,
      "never split the pool's one large block (drop max_split_size_mb"),
+    # the pool's own settings, by the pool's rules (its conf module), pool on or off
+    ({"UMPROV_MANAGED_RESERVOIR": "lots"}, False,
+     "UMPROV_MANAGED_RESERVOIR='lots' is not a size (bytes, or with k/m/g)"),
+    ({"UMPROV_MANAGED_HEADROOM": "-1g"}, True, "UMPROV_MANAGED_HEADROOM='-1g' is not a size"),
+    ({"UMPROV_MANAGED_GRADS_DOWN": "off"}, True,
+     "UMPROV_MANAGED_GRADS_DOWN='off': expected 0 or 1"),
+    ({"UMPROV_MANAGED_HOST_STEP": "yes"}, True,
+     "UMPROV_MANAGED_HOST_STEP='yes': expected auto or 0 or 1"),
+    ({"UMPROV_MANAGED_HEADRM": "1g"}, True, "UMPROV_MANAGED_HEADRM is not a setting of umprov's "
+     "managed-memory pool (did you mean UMPROV_MANAGED_HEADROOM?)"),
 ])
 def test_the_rules_of_the_container_environment(env: dict[str, Any], managed: bool,
                                                 message: str) -> None:
@@ -67,6 +77,10 @@ def test_the_rules_of_the_container_environment(env: dict[str, Any], managed: bo
 @pytest.mark.parametrize("env", [
     {"HF_HOME": "/workspace/hf", "NCCL_DEBUG": 1, "EMPTY": "", "SPACES": SECRET},
     {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    {"UMPROV_MANAGED_RESERVOIR": "64g", "UMPROV_MANAGED_BUDGET": 1073741824,
+     "UMPROV_MANAGED_HEADROOM": "0", "UMPROV_MANAGED_HOST_RESERVE": "4GiB",
+     "UMPROV_MANAGED_GRADS_DOWN": "0", "UMPROV_MANAGED_HOST_STEP": "auto",
+     "UMPROV_MANAGED_LIBRARY": "/opt/x/libumprov_managed.so"},
 ])
 def test_what_the_pool_runs_with_is_allowed(env: dict[str, Any]) -> None:
     assert env_problem(env, managed=True) is None
@@ -101,6 +115,7 @@ def test_the_command_line_wins_over_the_hosts_umprov_env() -> None:
     (["--env", "BAD NAME=1"], "umprov: error: --env: 'BAD NAME' is not a variable name"),
     (["--env", "JUPYTER_PORT=1"], "umprov: error: --env: JUPYTER_PORT is set by umprov's container"),
     (["--env", "UMPROV_MANAGED_MEMORY=1"], "use --managed-memory"),
+    (["--env", "UMPROV_MANAGED_GRADS_DOWN=false"], "--env: UMPROV_MANAGED_GRADS_DOWN='false'"),
     (["--env", "UMPROV_TEST_UNSET"], "--env UMPROV_TEST_UNSET: UMPROV_TEST_UNSET is not set"),
     (["--env", f"HF_TOKEN={SECRET}\nmore"], "the value of HF_TOKEN holds a line break"),
     (["--managed-memory", "--env", f"PYTORCH_CUDA_ALLOC_CONF={ASYNC}"],

@@ -9,17 +9,26 @@ one set of rules, applied by `umprov inventory check` (the host variable: exit 3
   which cannot hold a line break;
 - nothing the managed-memory pool cannot run with: PyTorch's ``cudaMallocAsync`` backend
   (a process has one allocator; the pool needs the native caching one), or
-  ``max_split_size_mb`` (PyTorch would never split the pool's one large block).
+  ``max_split_size_mb`` (PyTorch would never split the pool's one large block);
+- the pool's own settings (``UMPROV_MANAGED_*``) as the pool reads them, by the pool's own
+  rules (docker/pytorch-cuda/managed/umprov_managed_conf.py): a size that is not one would
+  leave the pool off, ``UMPROV_MANAGED_GRADS_DOWN=off`` would be read as on.
 
 Values may be secrets (``HF_TOKEN``): no message shows one, except the allocator setting that
-clashes with the pool, which is named so that it can be found.
+clashes with the pool and the pool's own settings, which are named so that they can be found.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
+from functools import cache
+from types import ModuleType
 from typing import Any
+
+from umprov.errors import EnvironmentProblem
+from umprov.paths import content_file
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 # Set by deploy's spec or read by the image's entrypoint: another value would break the login,
@@ -71,7 +80,24 @@ def env_problem(env: Mapping[str, Any], managed: bool) -> str | None:
         if any(c in text for c in "\n\r\0"):
             return (f"the value of {name} holds a line break or NUL, which an SSH login into "
                     "the container cannot be given")
+        if str(name).startswith("UMPROV_MANAGED_"):
+            problem = _pool_settings().setting_problem(str(name), text)
+            if problem:
+                return problem
     return pool_clash(env) if managed else None
+
+
+@cache
+def _pool_settings() -> ModuleType:
+    """The pool's own rules for its settings: the file the image carries, loaded as it is
+    (the standard library only), so that umprov and the pool read a setting alike."""
+    path = content_file("docker", "pytorch-cuda", "managed", "umprov_managed_conf.py")
+    spec = importlib.util.spec_from_file_location("umprov_managed_conf", path)
+    if spec is None or spec.loader is None:
+        raise EnvironmentProblem(f"{path}: cannot be loaded; reinstall umprov")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pool_clash(env: Mapping[str, Any]) -> str | None:

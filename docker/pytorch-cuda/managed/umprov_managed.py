@@ -38,7 +38,6 @@ import ctypes
 import functools
 import importlib.abc
 import importlib.util
-import math
 import os
 import sys
 import threading
@@ -51,6 +50,7 @@ from umprov_managed_conf import (  # noqa: F401 - ruled_out: the verifier's chec
     fraction_with,
     patch_memory_fraction,
     ruled_out,
+    size_of,
     torch_set_fraction,
 )
 
@@ -61,21 +61,10 @@ STATS = ("bytes", "peak_bytes", "allocations", "failed_advice", "refused",
 MIN_RESERVOIR = 256 << 20  # smaller is not worth a reservoir (a host short of memory)
 GUARDED = "libc10_cuda.so"  # the caching allocator's library: its cudaMalloc keeps the headroom
 CONCURRENT_MANAGED_ACCESS = 89  # cudaDevAttrConcurrentManagedAccess
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 _state: dict[str, Any] = {}  # library, allocator, reservoirs and their sizes by device
 _fractions: dict[int, float] = {}  # the job's own memory fractions, by device
 _lock = threading.RLock()
-
-
-def size_of(text: str) -> int:
-    """'2g', '512m', '1073741824' as bytes; ValueError otherwise."""
-    text = text.strip().lower().rstrip("ib").rstrip("b")
-    unit = text[-1:] if text[-1:] in _UNITS else ""
-    number = float(text[: len(text) - len(unit)]) * _UNITS[unit]
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(text)
-    return int(number)
 
 
 @functools.cache

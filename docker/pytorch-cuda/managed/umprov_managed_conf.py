@@ -1,6 +1,8 @@
 """PyTorch's allocator settings beside umprov's reservoir (umprov_managed.py,
 docs/managed-memory.md): which settings rule the reservoir out, expandable segments off while
-it is made, and a job's own memory fraction kept a fraction of device memory.
+it is made, and a job's own memory fraction kept a fraction of device memory; and the pool's
+own settings (UMPROV_MANAGED_*), which umprov checks too before a container gets them
+(umprov/inventory/container_env.py loads this file: the standard library only, at import).
 
 PyTorch reads its settings from PYTORCH_CUDA_ALLOC_CONF and (the newer name) PYTORCH_ALLOC_CONF;
 a key set in either counts here.
@@ -9,7 +11,9 @@ a key set in either counts here.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
+import math
 import os
 import re
 import sys
@@ -17,8 +21,44 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+# The pool's settings in the environment: sizes (bytes, or with k/m/g/t), switches and the
+# values they take (any other would be read as one of them: "off" as on), and the rest.
+SIZES = ("UMPROV_MANAGED_RESERVOIR", "UMPROV_MANAGED_BUDGET", "UMPROV_MANAGED_HOST_RESERVE",
+         "UMPROV_MANAGED_HEADROOM")
+SWITCHES = {"UMPROV_MANAGED_MEMORY": ("0", "1"), "UMPROV_MANAGED_GRADS_DOWN": ("0", "1"),
+            "UMPROV_MANAGED_HOST_STEP": ("auto", "0", "1")}
+OTHERS = ("UMPROV_MANAGED_LIBRARY", "UMPROV_MANAGED_ALLOCATOR")  # the image marks the latter
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SMALL = 256  # reservoir blocks of 1 MiB: PyTorch keeps allocations of 1 MiB or less apart
 _EXPANDABLE_ON = re.compile(r"(expandable_segments\s*:\s*)true", re.IGNORECASE)
+
+
+def size_of(text: str) -> int:
+    """'2g', '512m', '1073741824' as bytes; ValueError otherwise."""
+    text = text.strip().lower().rstrip("ib").rstrip("b")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    number = float(text[: len(text) - len(unit)]) * _UNITS[unit]
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(text)
+    return int(number)
+
+
+def setting_problem(name: str, value: str) -> str | None:
+    """What is wrong with one of the pool's settings (a name starting UMPROV_MANAGED_), or
+    None: a name the pool does not read, a size that is not one, a switch's other value."""
+    if name in SIZES:
+        try:
+            size_of(value)
+        except ValueError:
+            return f"{name}={value[:40]!r} is not a size (bytes, or with k/m/g)"
+    elif name in SWITCHES:
+        if value.strip() not in SWITCHES[name]:
+            return f"{name}={value[:40]!r}: expected {' or '.join(SWITCHES[name])}"
+    elif name not in OTHERS:
+        close = difflib.get_close_matches(name, SIZES + tuple(SWITCHES) + OTHERS, n=1)
+        meant = f" (did you mean {close[0]}?)" if close else ""
+        return f"{name} is not a setting of umprov's managed-memory pool{meant}"
+    return None
 
 
 def alloc_conf() -> dict[str, tuple[str, str]]:
