@@ -7,7 +7,8 @@ measured in the same run.
 The reservoir's own path: every case runs with UMPROV_MANAGED_GRADS_DOWN=0 (gradients down,
 the default since run J of docs/managed-memory.md, is bench/managed_peers.py's). Each case runs
 in a child process of its own (an allocator is chosen before the first CUDA tensor): an MLP of
-Linear(dim, dim, bias=False) layers, fp32, Adam, batch 256, ``--steps`` steps; each layer's working set is 16 * dim^2 bytes (weights, gradients, two moments).
+Linear(dim, dim, bias=False) layers, fp32, Adam, batch 256, ``--steps`` steps; each layer's
+working set is 16 * dim^2 bytes (weights, gradients, two moments).
 
 - fitted: ``--fit-layers`` layers under PyTorch's default allocator (the baseline), then under
   the managed allocator; target: managed <= 1.2x the default per step after the first, and the
