@@ -271,9 +271,12 @@ def table(results: list[dict], rate: float) -> list[str]:
         lines.append(f"{r['name']} | {s and round(s, 3) or what} | {ratio} | "
                      f"{r.get('gpu_peak_gib', 0):.1f} | {r.get('host_peak_gib', 0):.1f} | "
                      f"{spilled:.1f}")
-    fit_d, fit_p = step(by.get("fit:default", {})), step(by.get("fit:pool", {}))
-    if fit_d and fit_p:
-        lines.append(f"fits: pool {fit_p:.4f} s vs default {fit_d:.4f} s = {fit_p / fit_d:.3f}x")
+    fit_d = step(by.get("fit:default", {}))
+    for how in ("pool_grads_down", "pool"):  # the product, then with gradients down off
+        fit_p = step(by.get(f"fit:{how}", {}))
+        if fit_d and fit_p:
+            lines.append(f"fits: {how} {fit_p:.4f} s vs default {fit_d:.4f} s = "
+                         f"{fit_p / fit_d:.3f}x")
     a, b = by.get("curve:default", {}).get("losses"), by.get("curve:pool_host_step", {}).get(
         "losses")
     if a and b:
