@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.multinode import MultiNodeOptions, node_env, shell_script, torchrun_command
+from umprov.verify.multinode_plan import MultiNodeOptions, node_env, shell_script, torchrun_command
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
 
 OUT = Path(os.environ["UMPROV_GPU_TEST_OUT"]) if os.environ.get("UMPROV_GPU_TEST_OUT") else None

@@ -16,26 +16,26 @@ from click.testing import CliRunner
 
 from tests.unit.fakes import EngineHost, fake_fleet
 from umprov.errors import ConfigError
+from umprov.hosts import is_loopback
 from umprov.verify import report
 from umprov.verify.bundle import agent_zipapp
-from umprov.verify.multinode import (
-    DEFAULT_RDZV_PORT,
-    MultiNodeOptions,
-    container_kwargs,
-    is_loopback,
-    node_env,
-    nproc_for,
-    parse_endpoint,
-    rendezvous_port,
-    shell_script,
-    torchrun_command,
-)
 from umprov.verify.multinode_judge import (
     HostRun,
     host_reports,
     judge_busbw,
     parse_events,
     timings,
+)
+from umprov.verify.multinode_plan import (
+    DEFAULT_RDZV_PORT,
+    MultiNodeOptions,
+    container_kwargs,
+    node_env,
+    nproc_for,
+    parse_endpoint,
+    rendezvous_port,
+    shell_script,
+    torchrun_command,
 )
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests import fakebin
 from tests.conftest import REPO
 from umprov.verify.bundle import agent_zipapp
-from umprov.verify.multinode import MultiNodeOptions
+from umprov.verify.multinode_plan import MultiNodeOptions
 
 SCRIPT = REPO / "docs" / "examples" / "multinode.sbatch"
 

@@ -23,7 +23,8 @@ from umprov.errors import (
     SchedulerFailed,
     Unreachable,
 )
-from umprov.verify.multinode import WORKDIR, MultiNodeOptions, verify_multinode
+from umprov.verify.multinode import verify_multinode
+from umprov.verify.multinode_plan import WORKDIR, MultiNodeOptions
 from umprov.verify.slurm_launch import (
     MARK,
     TASK,

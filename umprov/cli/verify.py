@@ -292,7 +292,8 @@ def run_multinode(inventory: InventoryRequest, *, limit: str | None, backend: st
     """The multi-node job; ``slurm`` (submit_host, partition, account): Slurm launches it."""
     from umprov.cli._progress import HostProgress
     from umprov.inventory import load_inventory
-    from umprov.verify.multinode import MultiNodeOptions, parse_endpoint, verify_multinode
+    from umprov.verify.multinode import verify_multinode
+    from umprov.verify.multinode_plan import MultiNodeOptions, parse_endpoint
 
     if rendezvous:
         parse_endpoint(rendezvous)  # a bad value fails before any host is touched

@@ -43,14 +43,8 @@ from umprov.hosts.fanout import settle
 from umprov.hosts.progress import Progress
 from umprov.verify.agent.nodehealth import short_name
 from umprov.verify.agent.slurm import Node, parse_node
-from umprov.verify.multinode import (
-    WORKDIR,
-    HostState,
-    MultiNodeOptions,
-    container_name,
-    plan_torchrun,
-    read_ranks,
-)
+from umprov.verify.multinode import HostState, plan_torchrun, read_ranks
+from umprov.verify.multinode_plan import WORKDIR, MultiNodeOptions, container_name
 
 CONTROLLER_GROUP = "slurm_controller"
 COMPUTE_GROUP = "slurm_compute"
