@@ -1,6 +1,7 @@
-"""What a multi-node verification runs on each host, worked out before any host is touched:
-the options, the rendezvous endpoint, each host's torchrun command and environment, and its
-throwaway container (umprov/verify/multinode.py runs them; its launchers start them).
+"""What a multi-node verification runs on each host, as pure functions of the options and of
+what each host reported: the rendezvous endpoint, each host's torchrun command and
+environment, and its throwaway container (umprov/verify/multinode.py runs them; its
+launchers start them).
 """
 
 from __future__ import annotations
