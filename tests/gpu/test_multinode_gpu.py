@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from umprov.verify import report
-from umprov.verify.multinode_plan import MultiNodeOptions, node_env, shell_script, torchrun_command
 from umprov.verify.multinode_judge import HostRun, host_reports, parse_events
+from umprov.verify.multinode_plan import MultiNodeOptions, node_env, shell_script, torchrun_command
 
 OUT = Path(os.environ["UMPROV_GPU_TEST_OUT"]) if os.environ.get("UMPROV_GPU_TEST_OUT") else None
 
