@@ -11,6 +11,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 from umprov.errors import EnvironmentProblem
 
@@ -74,6 +75,21 @@ def content_file(*parts: str) -> Path:
     if not path.exists():
         raise EnvironmentProblem(f"{path}: missing from umprov's installation; reinstall umprov")
     return path
+
+
+def content_module(name: str, *parts: str) -> ModuleType:
+    """A Python file of umprov's content (content_dir()/PARTS: a role's module, the image's
+    managed-memory rules) loaded as module ``name``, so that umprov and the hosts run one
+    copy of the same rules; EnvironmentProblem where it cannot be."""
+    import importlib.util
+
+    path = content_file(*parts)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise EnvironmentProblem(f"{path}: cannot be loaded; reinstall umprov")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _holds_content(folder: Path) -> bool:

@@ -20,15 +20,13 @@ clashes with the pool and the pool's own settings, which are named so that they 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Mapping
 from functools import cache
 from types import ModuleType
 from typing import Any
 
-from umprov.errors import EnvironmentProblem
-from umprov.paths import content_file
+from umprov.paths import content_module
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 # Set by deploy's spec or read by the image's entrypoint: another value would break the login,
@@ -91,13 +89,8 @@ def env_problem(env: Mapping[str, Any], managed: bool) -> str | None:
 def _pool_settings() -> ModuleType:
     """The pool's own rules for its settings: the file the image carries, loaded as it is
     (the standard library only), so that umprov and the pool read a setting alike."""
-    path = content_file("docker", "pytorch-cuda", "managed", "umprov_managed_conf.py")
-    spec = importlib.util.spec_from_file_location("umprov_managed_conf", path)
-    if spec is None or spec.loader is None:
-        raise EnvironmentProblem(f"{path}: cannot be loaded; reinstall umprov")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return content_module("umprov_managed_conf", "docker", "pytorch-cuda", "managed",
+                          "umprov_managed_conf.py")
 
 
 def pool_clash(env: Mapping[str, Any]) -> str | None:

@@ -19,8 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from umprov.errors import ConfigError, EnvironmentProblem, InventoryError
-from umprov.paths import content_file
+from umprov.errors import ConfigError, InventoryError
+from umprov.paths import content_file, content_module
 
 RULES_FILE = Path("gpu_preflight") / "files" / "value_rules.yml"
 PREFLIGHT_MODULE = Path("gpu_preflight") / "library" / "gpu_preflight_facts.py"
@@ -101,12 +101,4 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 
 @cache
 def _preflight_module() -> ModuleType:
-    import importlib.util
-
-    path = content_file("roles", str(PREFLIGHT_MODULE))
-    spec = importlib.util.spec_from_file_location("umprov_gpu_preflight_facts", path)
-    if spec is None or spec.loader is None:
-        raise EnvironmentProblem(f"{path}: cannot be loaded; reinstall umprov")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return content_module("umprov_gpu_preflight_facts", "roles", str(PREFLIGHT_MODULE))
