@@ -365,8 +365,10 @@ def test_status_reports_each_host(first_deploy: dict[str, Any]) -> None:
     rows = {r["host"]: r for r in json.loads(result.stdout)["hosts"]}
     for name in LAB["names"]:
         row = rows[name]
-        assert row["reachable"] and row["docker"] and row["state"] == "running"
-        assert row["jupyter"] is True and row["nvidia_runtime"] is False
+        # the row whole where it fails: a probe's error is in its "message" (CI saw a reachable
+        # host with no engine facts once, under load, and no word of why)
+        assert row["reachable"] and row.get("docker") and row.get("state") == "running", row
+        assert row["jupyter"] is True and row["nvidia_runtime"] is False, row
     connect = cli("status", "--connect", LAB["names"][0])
     assert connect.exit_code == 0 and "token=" in connect.stdout
     assert os.environ.get("UMPROV_STATE_DIR")
