@@ -5,8 +5,8 @@
 #   bench/managed_levers.sh [STAGE ...]   # default: all, in this order
 #
 # early, homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
-# momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left, where torchao's offload
-# keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
+# momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
+# offload keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
 # keeps (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
 #
 # On the GPU host, from the repository root, with torchao's wheel carried in .whl/. Results in
@@ -59,7 +59,7 @@ for s in $stages; do
         lag) dir=$(lag_copy) && peers lag 120 "$DOWN" --managed "$dir" ;;
         optims) peers optims 300 "$OPTIMS" ;;
         mlp) peers mlp 240 "$ROWS,$FITS" --model mlp --layers 6 ;;
-        tight) peers tight 200 "$DOWN" --left-gib 9 ;;
+        tight) peers tight 200 "$DOWN" --left-gib 9 --layers 10 ;;
         headroom)
             peers headroom 120 pool_grads_down:adamw:bf16,pool:adamw:bf16
             UMPROV_MANAGED_HEADROOM=0 peers headroom-off 100 pool_grads_down:adamw:bf16 ;;

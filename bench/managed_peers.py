@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from managed_alloc import GIB, NVLS_OFF, build, pinned_h2d
@@ -70,11 +71,11 @@ def child(run: dict) -> dict:
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
+    times, losses, phases, placement, churn = [], [], [], [], []
     try:
         model = build_model(torch, run).to(dev)
         opt = optimizer(torch, model, run)
         x = batch(torch, run).to(dev)
-        times, losses, phases, placement, churn = [], [], [], [], []
         for _ in range(run["steps"]):
             torch.cuda.synchronize()
             marks = [time.perf_counter()]
@@ -94,7 +95,7 @@ def child(run: dict) -> dict:
                 pool = umprov_managed.stats()
                 placement.append([round(pool[k] / GIB, 2) for k in ("placed", "spilled")])
     except torch.OutOfMemoryError as exc:
-        return {"oom": str(exc).splitlines()[0][:160]}
+        return out_of_memory(exc, umprov_managed if managed else None, len(times))
     if managed:  # one more step, untimed: what sits where
         try:
             out_where = where_step(torch, umprov_managed, model, opt, x)
@@ -110,6 +111,16 @@ def child(run: dict) -> dict:
         out["placed_spilled_gib"] = placement
         out["host_step"] = "_umprov_host" in opt.__dict__
         out["where_gib"] = out_where
+    return out
+
+
+def out_of_memory(exc: BaseException, pool, steps_done: int) -> dict:  # noqa: ANN001
+    """Where the run met out-of-memory: the message, the last frames, the pool's counters."""
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    out = {"oom": str(exc).splitlines()[0][:160], "steps_done": steps_done,
+           "at": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]}
+    if pool is not None:
+        out["pool"] = pool.stats()
     return out
 
 
