@@ -30,14 +30,18 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def run(library: Path, *args: str, pool: bool = True, host_step: str = "1",
+def run(library: Path, *args: str, pool: bool = True, host_step: str = "1", ok: bool = True,
         **env: str) -> tuple[dict, str]:
+    """The case's facts and stderr; ``ok=False``: the case must fail out of memory."""
     path = os.pathsep.join(p for p in (str(MANAGED), os.environ.get("PYTHONPATH")) if p)
     full = {**os.environ, **NVLS_OFF, "PYTHONPATH": path, "UMPROV_MANAGED_LIBRARY": str(library),
             "UMPROV_MANAGED_MEMORY": "1" if pool else "0",
             "UMPROV_MANAGED_HOST_STEP": host_step, **env}
     proc = subprocess.run([sys.executable, str(CASES), *args], capture_output=True, text=True,
                           timeout=600, env=full)
+    if not ok:
+        assert proc.returncode != 0 and "out of memory" in proc.stderr, proc.stderr[-3000:]
+        return {}, proc.stderr
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -96,6 +100,19 @@ def test_gradients_down_keep_the_first_steps_out_of_the_reservoir(library):
     assert down["host_step"], err[-2000:]
     assert down["pool"]["peak_spilled"] < kept["pool"]["peak_spilled"] // 4, (down, kept)
     assert close(down["losses"], kept["losses"]), (down["losses"], kept["losses"])
+
+
+def test_gradients_spilled_to_a_reservoir_running_short_go_down_and_free_it(library):
+    """Under a 512 MiB budget about half of a 1 GiB model's weights spill, and every gradient
+    lands in the reservoir: 1.25 GiB holds them only where gradients leave it as backward makes
+    them (run K: the row with 9 GiB left ran out of its 9.25 GiB reservoir in backward)."""
+    tight = {"UMPROV_MANAGED_BUDGET": "512m", "UMPROV_MANAGED_RESERVOIR": "1280m",
+             "UMPROV_MANAGED_HOST_STEP": "auto"}
+    run(library, "first_steps", UMPROV_MANAGED_GRADS_DOWN="0", ok=False, **tight)
+    base, _ = run(library, "first_steps", pool=False)
+    down, err = run(library, "first_steps", **tight)
+    assert down["host_step"] and down["pool"]["peak_spilled"] > 256 << 20, err[-2000:]
+    assert close(down["losses"], base["losses"]), (down["losses"], base["losses"])
 
 
 def test_optimizer_state_saved_and_loaded_in_a_fresh_process(library, tmp_path):

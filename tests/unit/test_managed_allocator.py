@@ -648,3 +648,14 @@ def test_device_room_is_what_torch_can_still_take_on_the_device_reservoir_aside(
         "reserved_bytes.all.current": (14 << 30) + (4 << 30),  # device + the reservoir
         "allocated_bytes.all.current": 13 << 30})
     assert umprov_managed.device_room(0) == room
+
+
+def test_spilled_and_reservoir_room_read_the_reservoirs_live_segments(reservoir):
+    segments = {0: [{"allocated_size": 3 << 30}, {"allocated_size": 0}],
+                1: [{"allocated_size": 1 << 30}]}
+    reservoir.state.update(sizes={0: 4 << 30, 1: 8 << 30}, reservoirs={
+        d: SimpleNamespace(snapshot=lambda d=d: segments[d]) for d in segments})
+    assert umprov_managed.spilled() == 4 << 30 and reservoir.state["peak"] == 4 << 30
+    assert umprov_managed.reservoir_room(0) == 1 << 30
+    assert umprov_managed.reservoir_room(1) == 7 << 30
+    assert umprov_managed.reservoir_room(2) == 0  # no reservoir: no room there

@@ -662,6 +662,7 @@ def test_a_home_is_made_at_a_gradients_first_arrival_on_the_device_only(cpu_stre
     made: list = []
     spilled, placed = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
     monkeypatch.setattr(managed_grads, "in_reservoir", lambda t: t.shape == spilled.shape)
+    monkeypatch.setattr(managed_grads.GradsDown, "_reservoir_short", lambda self, device: False)
     down = grads_down([spilled, placed], cpu_streams.down, made)
     assert made == []  # nothing at attach
     for _ in range(2):
@@ -750,7 +751,7 @@ def watching(cpu_streams, monkeypatch):
     """The forward hook install() registers, over CPU modules: homes are host tensors, the
     copy streams FakeStreams; switches for spilling and for what is in the reservoir."""
     switch = SimpleNamespace(spilling=False, in_reservoir=set(), wanted=True, full=False,
-                             room=1 << 40, rooms_read=0)
+                             short=False, room=1 << 40, rooms_read=0)
 
     def device_room(device: int) -> int:
         switch.rooms_read += 1
@@ -762,6 +763,8 @@ def watching(cpu_streams, monkeypatch):
     monkeypatch.setattr(managed_grads, "wanted", lambda: switch.wanted)
     monkeypatch.setattr(managed_grads, "spilling", lambda: switch.spilling)
     monkeypatch.setattr(managed_grads.GradsDown, "_nearly_full", lambda self, device: switch.full)
+    monkeypatch.setattr(managed_grads.GradsDown, "_reservoir_short",
+                        lambda self, device: switch.short)
     monkeypatch.setattr(managed_grads, "in_reservoir", lambda t: id(t) in switch.in_reservoir)
     monkeypatch.setattr(step, "_managed", lambda: SimpleNamespace(
         copy_streams=lambda device: (cpu_streams.down, FakeStream("up", cpu_streams.log)),
@@ -815,6 +818,42 @@ def test_once_a_gradient_spills_the_next_ones_go_down_in_the_same_backward(watch
     down = {p for p in model.parameters() if early.host_of(p) is not None}
     assert last_bias not in down and down == set(model.parameters()) - {last_bias}
     assert not early.waiting
+
+
+def test_a_gradient_in_a_reservoir_running_short_goes_down_too(watching):
+    """Its block is then free for backward's next spills (run K: 9.25 GiB ran out)."""
+    watching.short = True
+    model = two_layers()
+    real = managed_grads.GradsDown._arrived
+
+    def arrived(self, p):  # every gradient lands in the reservoir
+        watching.in_reservoir.add(id(p.grad))
+        real(self, p)
+
+    managed_grads.GradsDown._arrived = arrived
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+    finally:
+        managed_grads.GradsDown._arrived = real
+    early = step._early["grads"]
+    assert all(early.host_of(p) is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(("room", "short"), [(1 << 30, True), (3 << 30, False)])
+def test_reservoir_short_is_under_2_gib_free_read_now_and_then_held_between(monkeypatch, room,
+                                                                            short):
+    reads: list[int] = []
+    monkeypatch.setattr(managed_grads, "_managed", lambda: SimpleNamespace(
+        reservoir_room=lambda device: reads.append(device) or room))
+    clock = [100.0]
+    monkeypatch.setattr(managed_grads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    down = managed_grads.GradsDown([], FakeStream("down", []))
+    gpu = torch.device("cuda", 1)
+    assert down._reservoir_short(gpu) is short
+    clock[0] += managed_grads.RESERVOIR_RECHECK / 2
+    assert down._reservoir_short(gpu) is short and reads == [1]  # the last reading holds
+    clock[0] += managed_grads.RESERVOIR_RECHECK
+    assert down._reservoir_short(gpu) is short and reads == [1, 1]
 
 
 def test_a_job_seen_spilling_sends_every_gradient_down_from_the_first_backward(watching):

@@ -21,6 +21,10 @@ LAG = 256 << 20
 RECHECK = 1.0  # seconds between reads of the reservoir's live bytes
 NEARLY_FULL = 2 << 30  # device room below which gradients go down before any spills
 ROOM_RECHECK = 0.01  # seconds between reads of the device's room while waiting
+# Reservoir room below which a gradient backward put there goes down too, its block free for
+# the next ones (run K: a reservoir of 9.25 GiB, the GPU's free memory, ran out in backward).
+RESERVOIR_SHORT = 2 << 30
+RESERVOIR_RECHECK = 0.05  # seconds between reads of the reservoir's room (1 ms each)
 _seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
 
 
@@ -50,7 +54,8 @@ class GradsDown:
     ZeRO-Offload move them, with ``.grad`` kept: a CUDA view of the same host memory. A
     parameter's pinned home is made when its gradient first arrives in device memory: one
     that backward put in the reservoir is read there by the step, and a home for it too would
-    hold it twice on the host (docs/managed-memory.md, run G: 9.4 of 11.25 GiB)."""
+    hold it twice on the host (docs/managed-memory.md, run G: 9.4 of 11.25 GiB), unless the
+    reservoir runs short: then it goes down too and its block takes the next spill."""
 
     def __init__(self, params: list[torch.Tensor], down: torch.cuda.Stream,
                  home: Any = None, waiting: bool = False) -> None:
@@ -67,6 +72,7 @@ class GradsDown:
         self.device: torch.device | None = None  # the watched parameters' GPU (one)
         self.handles: dict[torch.Tensor, Any] = {}  # parameter -> its hook (parameters only)
         self.room_checked = -ROOM_RECHECK
+        self.reservoir_checked, self.short = -RESERVOIR_RECHECK, False
         for p in params:
             self.watch(p)
 
@@ -118,9 +124,10 @@ class GradsDown:
             return  # in the view already, or not plain
         if self.waiting and not wanted():  # torch.distributed since the forward
             return
-        if in_reservoir(grad):  # spilled: the step reads it there; the next ones go down
+        if in_reservoir(grad):  # spilled: the next ones go down
             self.waiting = False
-            return
+            if not self._reservoir_short(grad.device):
+                return  # the step reads it there: a home too would hold it twice
         if self.waiting:
             if not (spilling() or self._nearly_full(grad.device)):
                 return
@@ -159,6 +166,16 @@ class GradsDown:
         self.room_checked = now
         total = torch.cuda.get_device_properties(device).total_memory
         return _managed().device_room(device.index) < max(NEARLY_FULL, total // 20)
+
+    def _reservoir_short(self, device: torch.device) -> bool:
+        """Whether ``device``'s reservoir has less than RESERVOIR_SHORT free: backward's next
+        spills would find it full. Read at most every RESERVOIR_RECHECK seconds; the last
+        reading holds between."""
+        now = time.monotonic()
+        if now - self.reservoir_checked >= RESERVOIR_RECHECK:
+            self.reservoir_checked = now
+            self.short = _managed().reservoir_room(device.index) < RESERVOIR_SHORT
+        return self.short
 
     def _release_oldest(self) -> None:
         """The oldest copied gradient's memory back to PyTorch's cache: its stream waits for
