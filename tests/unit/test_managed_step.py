@@ -799,13 +799,13 @@ def test_parameters_are_watched_from_the_first_forward_and_nothing_goes_down_uns
     assert not early.host and all(early.host_of(p) is None for p in model.parameters())
 
 
-def test_once_a_gradient_spills_the_next_ones_go_down_in_the_same_backward(watching):
-    model = two_layers()
-    last_bias = model[1].bias
+def backward_landing_in_reservoir(watching, model: torch.nn.Module, lands) -> None:
+    """One backward of ``model`` in which the gradients of the parameters ``lands`` picks are
+    made in the reservoir."""
     real = managed_grads.GradsDown._arrived
 
-    def arrived(self, p):  # the first gradient backward makes lands in the reservoir
-        if p is last_bias:
+    def arrived(self, p):
+        if lands(p):
             watching.in_reservoir.add(id(p.grad))
         real(self, p)
 
@@ -814,6 +814,12 @@ def test_once_a_gradient_spills_the_next_ones_go_down_in_the_same_backward(watch
         model(torch.ones(2, 4)).sum().backward()
     finally:
         managed_grads.GradsDown._arrived = real
+
+
+def test_once_a_gradient_spills_the_next_ones_go_down_in_the_same_backward(watching):
+    model = two_layers()
+    last_bias = model[1].bias  # the first gradient backward makes
+    backward_landing_in_reservoir(watching, model, lambda p: p is last_bias)
     early = step._early["grads"]
     down = {p for p in model.parameters() if early.host_of(p) is not None}
     assert last_bias not in down and down == set(model.parameters()) - {last_bias}
@@ -824,30 +830,26 @@ def test_a_gradient_in_a_reservoir_running_short_goes_down_too(watching):
     """Its block is then free for backward's next spills (run K: 9.25 GiB ran out)."""
     watching.short = True
     model = two_layers()
-    real = managed_grads.GradsDown._arrived
-
-    def arrived(self, p):  # every gradient lands in the reservoir
-        watching.in_reservoir.add(id(p.grad))
-        real(self, p)
-
-    managed_grads.GradsDown._arrived = arrived
-    try:
-        model(torch.ones(2, 4)).sum().backward()
-    finally:
-        managed_grads.GradsDown._arrived = real
+    backward_landing_in_reservoir(watching, model, lambda p: True)
     early = step._early["grads"]
     assert all(early.host_of(p) is not None for p in model.parameters())
+
+
+def reading_grads_down(monkeypatch, reading: str, value: int):
+    """A GradsDown whose one reading of the pool (``reading``, per device) gives ``value``; the
+    devices read, logged; the test's own clock (a busy machine must not pass a recheck)."""
+    reads: list[int] = []
+    monkeypatch.setattr(managed_grads, "_managed", lambda: SimpleNamespace(
+        **{reading: lambda device: reads.append(device) or value}))
+    clock = [100.0]
+    monkeypatch.setattr(managed_grads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    return managed_grads.GradsDown([], FakeStream("down", [])), reads, clock
 
 
 @pytest.mark.parametrize(("room", "short"), [(1 << 30, True), (3 << 30, False)])
 def test_reservoir_short_is_under_2_gib_free_read_now_and_then_held_between(monkeypatch, room,
                                                                             short):
-    reads: list[int] = []
-    monkeypatch.setattr(managed_grads, "_managed", lambda: SimpleNamespace(
-        reservoir_room=lambda device: reads.append(device) or room))
-    clock = [100.0]
-    monkeypatch.setattr(managed_grads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    down = managed_grads.GradsDown([], FakeStream("down", []))
+    down, reads, clock = reading_grads_down(monkeypatch, "reservoir_room", room)
     gpu = torch.device("cuda", 1)
     assert down._reservoir_short(gpu) is short
     clock[0] += managed_grads.RESERVOIR_RECHECK / 2
@@ -877,14 +879,9 @@ def test_a_gpu_nearly_full_sends_gradients_down_before_any_spills(watching):
     (1 << 30, 16 << 30, True), (3 << 30, 16 << 30, False)])
 def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_of_room_read_now_and_then(
         monkeypatch, room, total, full):
-    reads: list[int] = []
-    monkeypatch.setattr(managed_grads, "_managed", lambda: SimpleNamespace(
-        device_room=lambda device: reads.append(device) or room))
     monkeypatch.setattr(step.torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=total))
-    clock = [100.0]  # the test's own clock: a busy machine must not pass ROOM_RECHECK for it
-    monkeypatch.setattr(managed_grads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    down = managed_grads.GradsDown([], FakeStream("down", []))
+    down, reads, clock = reading_grads_down(monkeypatch, "device_room", room)
     gpu = torch.device("cuda", 1)
     assert down._nearly_full(gpu) is full
     clock[0] += managed_grads.ROOM_RECHECK / 2
