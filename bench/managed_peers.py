@@ -72,10 +72,12 @@ def child(run: dict) -> dict:
     torch.manual_seed(0)
     dev = torch.device("cuda")
     times, losses, phases, placement, churn = [], [], [], [], []
+    began = time.perf_counter()
     try:
         model = build_model(torch, run).to(dev)
-        opt = optimizer(torch, model, run)
+        opt = optimizer(torch, model, run)  # torchao pins its host copies here
         x = batch(torch, run).to(dev)
+        setup = _synced(torch) - began
         for _ in range(run["steps"]):
             torch.cuda.synchronize()
             marks = [time.perf_counter()]
@@ -101,7 +103,7 @@ def child(run: dict) -> dict:
             out_where = where_step(torch, umprov_managed, model, opt, x)
         except torch.OutOfMemoryError as exc:
             out_where = {"oom": str(exc).splitlines()[0][:160]}
-    out = {"step_s": times, "losses": losses, "phases_fwd_bwd_step": phases,
+    out = {"step_s": times, "setup_s": setup, "losses": losses, "phases_fwd_bwd_step": phases,
            "allocator_after_first": {k: churn[-1][k] - churn[0][k] for k in churn[0]},
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
@@ -273,15 +275,17 @@ def table(results: list[dict], rate: float) -> list[str]:
     best_peer = min((step(r) for r in results if r["how"] in ("torchao", "fsdp2")
                      and past(r) and step(r)), default=None)
     lines = [f"pinned h2d {rate:.1f} GB/s", "run | step s | x best peer | GPU peak GiB | "
-             "host peak GiB | spilled GiB"]
+             "host peak GiB | spilled GiB | set-up + first step s"]
     for r in results:
         s = step(r)
         spilled = (r.get("pool") or {}).get("peak_spilled", 0) / GIB
         ratio = f"{s / best_peer:.2f}" if s and best_peer and past(r) else ""
         what = r.get("oom") and "out of memory" or r.get("error", "")[:60]
+        first = (f"{r['setup_s']:.1f} + {r['step_s'][0]:.1f}"
+                 if r.get("step_s") and "setup_s" in r else "")
         lines.append(f"{r['name']} | {s and round(s, 3) or what} | {ratio} | "
                      f"{r.get('gpu_peak_gib', 0):.1f} | {r.get('host_peak_gib', 0):.1f} | "
-                     f"{spilled:.1f}")
+                     f"{spilled:.1f} | {first}")
     fit_d = step(by.get("fit:default", {}))
     for how in ("pool_grads_down", "pool"):  # the product, then with gradients down off
         fit_p = step(by.get(f"fit:{how}", {}))

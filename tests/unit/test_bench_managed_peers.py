@@ -111,3 +111,23 @@ def test_each_model_trains_on_one_seeded_batch_of_its_shape():
     assert mlp.shape == (2048, 8192) and torch.equal(mlp, managed_peers.batch(torch, {
         "model": "mlp"}))
     assert managed_peers.batch(torch, {}).shape == (2, 512, 4096)
+
+
+def test_the_table_gives_each_row_against_the_best_peer_and_its_set_up_beside_its_first_step():
+    """torchao pins its host copies when the optimizer is made, the pool in its first step:
+    only set-up and first step together compare."""
+    results = [
+        {"name": "torchao:adamw:fp32", "how": "torchao", "step_s": [2.4, 1.0, 1.2, 1.1],
+         "setup_s": 9.5},
+        {"name": "pool_grads_down:adamw:fp32", "how": "pool_grads_down",
+         "step_s": [12.4, 1.1, 1.1, 1.2], "setup_s": 3.0,
+         "pool": {"peak_spilled": 2 * managed_peers.GIB}},
+        {"name": "fsdp2:adamw:fp32", "how": "fsdp2", "oom": "CUDA out of memory"},
+    ]
+    lines = managed_peers.table(results, 55.0)
+    assert lines[1].endswith("| set-up + first step s")
+    assert lines[2].startswith("torchao:adamw:fp32 | 1.1 | 1.00 |") and lines[2].endswith(
+        "| 9.5 + 2.4")
+    assert lines[3].startswith("pool_grads_down:adamw:fp32 | 1.1 | 1.00 |")
+    assert lines[3].endswith("| 2.0 | 3.0 + 12.4")
+    assert lines[4].startswith("fsdp2:adamw:fp32 | out of memory |") and lines[4].endswith("| ")
