@@ -12,7 +12,8 @@ a GPU host, each sample a fresh process.
    timed with CUDA events, several bursts each in a fresh process: how fast the rate falls
    from the first windows (boost clocks) to the sustained one, and how much each window
    position varies between bursts (the agent takes the best of three windows after 60
-   products).
+   products); the SM clock and board power (NVML) after each window, to tell whether a rate
+   normalised by its clock would be steadier.
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Results: agent_costs.json in
 UMPROV_BENCH_OUT (default bench/results/).
@@ -32,6 +33,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import machine  # noqa: E402
+
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 VARIANTS = {
@@ -66,12 +70,21 @@ os._exit(0)
 """
 
 BURST = r"""
-import json, torch
+import ctypes, json, torch
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+nvml.nvmlInit_v2()
+handle = ctypes.c_void_p()
+nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+def clock_and_watts():
+    mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+    nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(mhz))  # NVML_CLOCK_SM
+    nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(mw))
+    return mhz.value, round(mw.value / 1000)
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 out = torch.empty_like(a)
 torch.mm(a, b, out=out); torch.cuda.synchronize()
-rates, spent = [], 0.0
+rates, clocks, spent = [], [], 0.0
 while spent < 2.0:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -81,7 +94,8 @@ while spent < 2.0:
     ms = start.elapsed_time(end)
     spent += ms / 1000
     rates.append(round(10 * 2 * 8192 ** 3 / (ms / 1000) / 1e12, 1))
-print("BURST", json.dumps(rates), flush=True)
+    clocks.append(clock_and_watts())
+print("BURST", json.dumps({"tflops": rates, "sm_mhz_watts": clocks}), flush=True)
 """
 
 
@@ -110,13 +124,15 @@ def communicator(env: dict[str, str]) -> dict:
     return out
 
 
-def bursts(count: int) -> list[list[float]]:
+def bursts(count: int) -> list[dict]:
+    """Each burst's rate and, read after each window, the SM clock and board power."""
     got = []
     for _ in range(count):
         proc = subprocess.run([sys.executable, "-c", BURST], capture_output=True, text=True,
                               timeout=120, env={**os.environ, **NVLS_OFF})
-        found = re.search(r"BURST (\[.*\])", proc.stdout)
-        got.append(json.loads(found.group(1)) if found else [])
+        found = re.search(r"BURST (\{.*\})", proc.stdout)
+        got.append(json.loads(found.group(1)) if found else {"tflops": [],
+                                                              "tail": proc.stderr[-1500:]})
     return got
 
 
@@ -136,13 +152,17 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--bursts", type=int, default=3)
     args = ap.parse_args()
-    result: dict = {"benchmark": "agent_costs", "communicator": {}}
+    card = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                           "--format=csv,noheader"],
+                          capture_output=True, text=True, check=False).stdout.strip()
+    result: dict = {"benchmark": "agent_costs", "machine": machine(), "card": card,
+                    "communicator": {}}
+    print(card, flush=True)
     for name, env in VARIANTS.items():
         result["communicator"][name] = [communicator(env) for _ in range(args.samples)]
         print(name, json.dumps(result["communicator"][name]), flush=True)
-    rates = bursts(args.bursts)
-    result["bursts"] = rates
-    result["by_window"] = spread(rates)
+    result["bursts"] = bursts(args.bursts)
+    result["by_window"] = spread([b["tflops"] for b in result["bursts"]])
     for row in result["by_window"][::5]:
         print(json.dumps(row))
     out = Path(os.environ.get("UMPROV_BENCH_OUT", HERE / "results"))
