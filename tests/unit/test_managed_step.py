@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import itertools
 import sys
 from types import SimpleNamespace
@@ -1114,3 +1115,23 @@ def test_locked_host_memory_has_whole_pages_of_its_own(page_locks):
     pages = sorted(page_locks.items())
     assert all(a + n <= b for (a, n), (b, _) in zip(pages, pages[1:], strict=False))
     assert all(f.numel() == 3 and f.data_ptr() in page_locks for f in flats)
+
+
+def test_host_memory_is_touched_by_torchs_threads_before_it_is_locked(page_locks, monkeypatch):
+    """cudaHostRegister would fault each missing page in by itself, in one thread."""
+    seen: list[bytes] = []
+    real_empty, real_register = torch.empty, pinned_memory._cudart().cudaHostRegister
+
+    def dirty_empty(*args, **kwargs):  # what the allocator hands out may hold old bytes
+        return real_empty(*args, **kwargs).fill_(0xAB)
+
+    def register(pointer, nbytes, flags) -> int:  # noqa: ANN001 - ctypes values
+        seen.append(ctypes.string_at(pointer.value, nbytes.value))
+        return real_register(pointer, nbytes, flags)
+
+    monkeypatch.setattr(torch, "empty", dirty_empty)
+    monkeypatch.setattr(pinned_memory._cudart(), "cudaHostRegister", register)
+    owner = type("Owner", (), {})()
+    flat = pinned_memory.pinned(5000, torch.float32, torch.device("cuda", 0), owner)
+    assert len(seen) == 1 and len(seen[0]) % pinned_memory.PAGE == 0
+    assert seen[0] == bytes(len(seen[0])) and not flat.any()
