@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from .early_context import start_early_context
 from .gpuchild import GpuChild, share_of
 from .health import gpu_health
 from .managed import ManagedTests
@@ -247,6 +248,7 @@ class GpuChecks(GpuChild):
 
 def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
     em.start("gpu.init", f"gpu{dev}")
+    start_early_context(dev, opts.get("cuda_gate"))
     import torch
 
     if dev >= torch.cuda.device_count():  # started on a guess that was too high

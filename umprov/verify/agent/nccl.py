@@ -22,6 +22,7 @@ from typing import Any
 from .burnin import burn_in
 from .busbw import bus_bandwidth
 from .ddp import ddp_prepare, ddp_step
+from .early_context import start_early_context
 from .group import Rank
 from .pairs import send_recv_pairs
 from .runner import (
@@ -37,6 +38,8 @@ from .runner import (
 
 def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     em.start("nccl.init", "host")
+    if opts.get("nccl_backend", "nccl") == "nccl":  # not gloo's CPU self-test
+        start_early_context(rank, opts.get("cuda_gate"))
     r = Rank(em, opts, rank)  # imports torch
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up

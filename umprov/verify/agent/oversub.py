@@ -31,6 +31,7 @@ import os
 import time
 from typing import Any
 
+from .early_context import start_early_context
 from .profiles import select_profile
 from .runner import Emitter, HostLinkLock, MiB, device_lock, out_of_memory, wait_for_gate
 from .schema import record
@@ -87,6 +88,7 @@ def layer_size(budget: int) -> int:
 
 def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     em.start(CHECK, f"gpu{dev}")
+    start_early_context(dev, opts.get("cuda_gate"))
     import torch
 
     target = f"gpu{dev}"
