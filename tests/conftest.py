@@ -17,6 +17,22 @@ from umprov.cli import run
 REPO = Path(__file__).resolve().parent.parent
 
 
+def shared_library(out: Path, name: str, source: str, flags: tuple[str, ...] = (),
+                   libraries: tuple[str, ...] = ()) -> Path:
+    """The C ``source`` built with gcc into the shared library ``out/name`` (``flags`` before
+    the source, ``libraries`` to link after it); the test is skipped where there is no gcc."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build the stand-in library with")
+    c_file = out / f"{name}.c"
+    c_file.write_text(source)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", *flags, "-o",
+                    str(out / name), str(c_file), *libraries], check=True)
+    return out / name
+
+
 @pytest.fixture(scope="session")
 def managed_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """umprov's managed-memory library (docker/pytorch-cuda/managed/umprov_managed.c), built

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.conftest import shared_library
 
 MIB = 1 << 20
 REFUSED = 2  # cudaErrorMemoryAllocation
@@ -47,18 +48,11 @@ LINKS = {"lazy": ["-Wl,-z,lazy"], "now": ["-Wl,-z,relro,-z,now"],
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stand-in runtime (libfakecudart.so) and three callers linked against it."""
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc to build the stand-ins with")
     out = tmp_path_factory.mktemp("headroom")
-    (out / "runtime.c").write_text(RUNTIME)
-    (out / "caller.c").write_text(CALLER)
-    gcc = ["gcc", "-O2", "-shared", "-fPIC"]
-    subprocess.run(gcc + ["-Wl,-soname,libfakecudart.so", "-o", str(out / "libfakecudart.so"),
-                          str(out / "runtime.c")], check=True)
+    shared_library(out, "libfakecudart.so", RUNTIME, ("-Wl,-soname,libfakecudart.so",))
     for name, flags in LINKS.items():
-        subprocess.run(gcc + flags + ["-o", str(out / f"libcaller_{name}.so"),
-                                      str(out / "caller.c"), f"-L{out}", "-lfakecudart",
-                                      f"-Wl,-rpath,{out}"], check=True)
+        shared_library(out, f"libcaller_{name}.so", CALLER, tuple(flags),
+                       (f"-L{out}", "-lfakecudart", f"-Wl,-rpath,{out}"))
     return out
 
 

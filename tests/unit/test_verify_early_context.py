@@ -4,13 +4,12 @@ CUDA gate is open (umprov/verify/agent/early_context.py); a stand-in driver buil
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import shared_library
 from umprov.verify.agent import early_context
 
 DRIVER = r"""
@@ -31,13 +30,7 @@ int stand_in_last_device(void) { return last_device; }
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc to build the stand-in driver with")
-    out = tmp_path_factory.mktemp("driver")
-    (out / "cuda.c").write_text(DRIVER)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o",
-                    str(out / "libcuda.so.1"), str(out / "cuda.c")], check=True)
-    return out / "libcuda.so.1"
+    return shared_library(tmp_path_factory.mktemp("driver"), "libcuda.so.1", DRIVER)
 
 
 def test_the_devices_primary_context_is_retained_through_the_driver(driver: Path) -> None:
