@@ -172,3 +172,35 @@ def test_cli_local_quick(umprov_cli, tmp_path):
     assert doc["verdict"] == "pass" and doc["hosts"][0]["mode"] == "quick"
     assert 'failures="0"' in junit.read_text()
     assert "umprov_verify_host_verdict" in (prom / "umprov_verify.prom").read_text()
+
+
+EARLY_CONTEXT = """
+import ctypes, json, sys, time
+sys.path.insert(0, sys.argv[1])
+from umprov.verify.agent.early_context import start_early_context
+cuda = ctypes.CDLL("libcuda.so.1")
+def active():
+    flags, on = ctypes.c_uint(), ctypes.c_int()
+    cuda.cuInit(0)
+    cuda.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(on))
+    return on.value
+before = active()
+start_early_context(0, None).join(30)
+made = active()
+import torch
+t = time.perf_counter()
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+print(json.dumps({"before": before, "made": made, "torch_s": time.perf_counter() - t,
+                  "sum": float(torch.ones(4, device="cuda").sum())}))
+"""
+
+
+def test_the_early_context_is_the_one_torch_then_uses(tmp_path):
+    """A child retains its GPU's primary context through the driver while torch imports;
+    torch's runtime then starts on that context (and works on it)."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", EARLY_CONTEXT, str(repo)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts["before"] == 0 and facts["made"] == 1 and facts["sum"] == 4.0, facts
