@@ -59,7 +59,8 @@ for s in $stages; do
         lag) dir=$(lag_copy) && peers lag 120 "$DOWN" --managed "$dir" ;;
         optims) peers optims 300 "$OPTIMS" ;;
         mlp) peers mlp 240 "$ROWS,$FITS" --model mlp --layers 6 ;;
-        tight) peers tight 280 "$DOWN,fsdp2:adamw:fp32" --left-gib 9 --layers 10 ;;
+        tight) peers tight 340 "$DOWN,pool_weights_out:adamw:fp32,fsdp2:adamw:fp32" \
+                   --left-gib 9 --layers 10 ;;
         headroom)
             peers headroom 120 pool_grads_down:adamw:bf16,pool:adamw:bf16
             UMPROV_MANAGED_HEADROOM=0 peers headroom-off 100 pool_grads_down:adamw:bf16 ;;

@@ -18,6 +18,8 @@ user's code the same for every run but the peers' own wrapping:
   (the issue's baseline: the GPU's kernels over spilled state);
 - pool_grads_down: the product since run J (``UMPROV_MANAGED_GRADS_DOWN=1``, the default):
   gradients go down into pinned host memory during backward;
+- pool_weights_out: an experiment, not the product: pool_grads_down with the first quarter of
+  the layers' weights moved into the reservoir by the bench (``weights_out``);
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
 - fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
 
@@ -75,6 +77,8 @@ def child(run: dict) -> dict:
     began = time.perf_counter()
     try:
         model = build_model(torch, run).to(dev)
+        if run["how"] == "pool_weights_out":
+            weights_out(torch, umprov_managed, model)
         opt = optimizer(torch, model, run)  # torchao pins its host copies here
         x = batch(torch, run).to(dev)
         setup = _synced(torch) - began
@@ -191,6 +195,25 @@ def where_step(torch, managed, model, opt, x) -> dict:  # noqa: ANN001 - the chi
     return {**seen, **{k: [round(v, 2) for v in seen[k]] for k in ("params", "grads")}}
 
 
+def weights_out(torch, managed, model) -> list:  # noqa: ANN001 - the child's torch, pool
+    """An experiment for a GPU that the weights fill (run K, 9 GiB left: 7.5 GiB of weights
+    left forward's activations none; they spilled, and the kernels reading them across the
+    bus made forward 3.0 s): the first quarter of the layers' weights moved into the
+    reservoir, so activations get the device memory they leave. A GEMM reads its weight about
+    M/128 times (8 for 1024 tokens) and its activation input N/128 times (32 for 4096
+    features): a spilled weight should cost the bus less than a spilled activation."""
+    pool = managed.reservoir(torch.cuda.current_device())
+    moved = []
+    with torch.no_grad(), torch.cuda.use_mem_pool(pool):
+        for layer in list(model)[:-(-len(model) // 4)]:
+            for p in layer.parameters():
+                there = torch.empty_like(p)
+                there.copy_(p)
+                p.data = there
+                moved.append(p)
+    return moved
+
+
 def _synced(torch) -> float:  # noqa: ANN001 - the child's torch
     torch.cuda.synchronize()
     return time.perf_counter()
@@ -222,6 +245,9 @@ def optimizer(torch, model, run: dict):  # noqa: ANN001, ANN201 - torch is the c
 
 
 # ---- the parent ---------------------------------------------------------------------------
+GRADS_DOWN = ("pool_grads_down", "pool_weights_out")  # the runs with gradients down on
+
+
 def run_child(library: Path, managed: Path, timeout: float, reservoir_gib: float,
               **run: object) -> dict:
     env = {**os.environ, **NVLS_OFF, "UMPROV_MANAGED_LIBRARY": str(library),
@@ -230,7 +256,7 @@ def run_child(library: Path, managed: Path, timeout: float, reservoir_gib: float
            "UMPROV_MANAGED_MEMORY": "1" if str(run["how"]).startswith("pool") else "0",
            "UMPROV_MANAGED_HOST_STEP": {"pool_gpu_step": "0", "pool_host_step": "1"}.get(
                str(run["how"]), "auto"),
-           "UMPROV_MANAGED_GRADS_DOWN": "1" if str(run["how"]).endswith("grads_down") else "0"}
+           "UMPROV_MANAGED_GRADS_DOWN": "1" if run["how"] in GRADS_DOWN else "0"}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(run)], env=env,
@@ -249,7 +275,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
     runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
             for dtype, optim, hows in (
                 ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_down", "pool",
-                                   "torchao", "fsdp2")),
+                                   "pool_weights_out", "torchao", "fsdp2")),
                 ("fp32", "adamw_fused", ("pool", "pool_grads_down", "torchao")),
                 ("fp32", "sgd", ("pool_gpu_step", "pool", "pool_grads_down", "torchao")),
                 ("bf16", "adamw", ("pool", "pool_grads_down", "torchao", "fsdp2")))

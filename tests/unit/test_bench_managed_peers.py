@@ -3,6 +3,7 @@ on CPU torch with the snapshot and the pool's placement stood in for."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from types import SimpleNamespace
 
@@ -131,3 +132,26 @@ def test_the_table_gives_each_row_against_the_best_peer_and_its_set_up_beside_it
     assert lines[3].startswith("pool_grads_down:adamw:fp32 | 1.1 | 1.00 |")
     assert lines[3].endswith("| 2.0 | 3.0 + 12.4")
     assert lines[4].startswith("fsdp2:adamw:fp32 | out of memory |") and lines[4].endswith("| ")
+
+
+def test_weights_out_moves_the_first_quarter_of_the_layers_weights_into_the_reservoir(
+        monkeypatch):
+    pools: list = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "use_mem_pool",
+                        lambda pool: pools.append(pool) or contextlib.nullcontext())
+    reservoir = object()
+    managed = SimpleNamespace(reservoir=lambda device: reservoir)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)])
+    before = [(p.data_ptr(), p.detach().clone()) for p in model.parameters()]
+    moved = managed_peers.weights_out(torch, managed, model)
+    assert pools == [reservoir]
+    first_two = list(model[0].parameters()) + list(model[1].parameters())  # ceil(5 / 4)
+    assert [id(p) for p in moved] == [id(p) for p in first_two]
+    for p, (ptr, value) in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, value) and (p.data_ptr() != ptr) == any(p is m for m in moved)
+
+
+def test_gradients_down_are_on_for_the_product_and_the_weights_out_experiment():
+    assert set(managed_peers.GRADS_DOWN) == {"pool_grads_down", "pool_weights_out"}
+    assert "pool_weights_out:adamw:fp32" in {r["name"] for r in plan()}
