@@ -4,6 +4,7 @@ CUDA gate is open (umprov/verify/agent/early_context.py); a stand-in driver buil
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from pathlib import Path
 
@@ -59,6 +60,19 @@ def test_the_context_waits_for_the_cuda_gate(monkeypatch, tmp_path: Path) -> Non
     assert retained.wait(5)
     thread.join(5)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, "LAZY"), ("EAGER", "EAGER")])
+def test_module_loading_is_set_as_torch_sets_it_before_the_driver_starts(
+        monkeypatch, tmp_path: Path, before: str | None, after: str) -> None:
+    """The driver reads it at cuInit, and torch would setenv it later, beside the thread."""
+    if before is None:
+        monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_MODULE_LOADING", before)
+    monkeypatch.setattr(early_context, "retain_primary_context", lambda ordinal: True)
+    early_context.start_early_context(0, None).join(5)
+    assert os.environ["CUDA_MODULE_LOADING"] == after
 
 
 def test_a_gate_that_never_opens_leaves_the_context_to_torch(monkeypatch, tmp_path: Path) -> None:

@@ -7,6 +7,12 @@ meanwhile, once the monitor child has listed the GPU's processes (the CUDA gate:
 own contexts must not be in that list); torch's runtime then finds the context made. Where
 there is no driver, no such device or the gate does not open, the thread does nothing and
 torch starts CUDA as it would without it.
+
+The child joins the thread right after its own wait for the gate, before anything changes the
+environment (torch's CUDA start sets CUDA_MODULE_LOADING where it is unset; the
+oversubscription check sets the pool's variables): setenv in one thread while the driver
+reads the environment in another is undefined in C. CUDA_MODULE_LOADING is set here, before
+the thread starts, to what torch would set, so the driver starts as it would under torch.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ LIBCUDA = "libcuda.so.1"
 def start_early_context(ordinal: int, gate: str | None,
                         limit: float = GATE_LIMIT) -> threading.Thread:
     """Start the thread that retains CUDA device ``ordinal``'s primary context once ``gate``
-    exists (None: at once); it gives up after ``limit`` seconds without the gate."""
+    exists (None: at once); it gives up after ``limit`` seconds without the gate. Join it
+    before the environment changes."""
+    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")  # torch's own default
     thread = threading.Thread(target=_retain_after, args=(ordinal, gate, limit),
                               name="early-cuda-context", daemon=True)
     thread.start()

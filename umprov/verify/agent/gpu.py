@@ -248,7 +248,7 @@ class GpuChecks(GpuChild):
 
 def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
     em.start("gpu.init", f"gpu{dev}")
-    start_early_context(dev, opts.get("cuda_gate"))
+    early = start_early_context(dev, opts.get("cuda_gate"))
     import torch
 
     if dev >= torch.cuda.device_count():  # started on a guess that was too high
@@ -257,6 +257,7 @@ def child_gpu(em: Emitter, opts: dict, dev: int) -> None:
         return
     refs = CpuReferences(torch, dev, bool(opts.get("quick")))  # CPU only: starts at once
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
+    early.join()
     em.event("mark", what="cuda init")
     try:
         child = GpuChecks(em, dev, opts, refs)

@@ -38,10 +38,12 @@ from .runner import (
 
 def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     em.start("nccl.init", "host")
-    if opts.get("nccl_backend", "nccl") == "nccl":  # not gloo's CPU self-test
-        start_early_context(rank, opts.get("cuda_gate"))
+    early = (start_early_context(rank, opts.get("cuda_gate"))
+             if opts.get("nccl_backend", "nccl") == "nccl" else None)  # not gloo's CPU test
     r = Rank(em, opts, rank)  # imports torch
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
+    if early is not None:
+        early.join()
     # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up
     # while the per-GPU checks run: they move no data; collectives wait for the gate. In full
     # mode each takes this GPU's lock: never during its per-GPU child's timed windows (GEMM,

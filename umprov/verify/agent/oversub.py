@@ -88,7 +88,7 @@ def layer_size(budget: int) -> int:
 
 def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     em.start(CHECK, f"gpu{dev}")
-    start_early_context(dev, opts.get("cuda_gate"))
+    early = start_early_context(dev, opts.get("cuda_gate"))
     import torch
 
     target = f"gpu{dev}"
@@ -107,6 +107,7 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     import torch.optim  # noqa: F401
 
     wait_for_gate(em, opts.get("cuda_gate"))
+    early.join()
     em.event("mark", what="cuda init")
     budget = int(opts.get("oversub_budget_mib") or BUDGET // MiB) * MiB
     why = ruled_out(umprov_managed)
