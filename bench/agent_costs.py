@@ -74,7 +74,9 @@ import ctypes, json, torch
 nvml = ctypes.CDLL("libnvidia-ml.so.1")
 nvml.nvmlInit_v2()
 handle = ctypes.c_void_p()
-nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+props = torch.cuda.get_device_properties(0)  # NVML counts GPUs by PCI, not CUDA_VISIBLE_DEVICES
+bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle))
 def clock_and_watts():
     mhz, mw = ctypes.c_uint(), ctypes.c_uint()
     nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(mhz))  # NVML_CLOCK_SM
@@ -109,8 +111,11 @@ def communicator(env: dict[str, str]) -> dict:
     full = {**os.environ, **NVLS_OFF, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT",
             **env}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", COMMUNICATOR, str(free_port())],
-                          capture_output=True, text=True, timeout=120, env=full)
+    try:
+        proc = subprocess.run([sys.executable, "-c", COMMUNICATOR, str(free_port())],
+                              capture_output=True, text=True, timeout=120, env=full)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after 120 s"}
     wall = time.perf_counter() - t0
     text = proc.stdout + proc.stderr
     found = re.search(r"PROBE (\{.*\})", text)
@@ -128,8 +133,12 @@ def bursts(count: int) -> list[dict]:
     """Each burst's rate and, read after each window, the SM clock and board power."""
     got = []
     for _ in range(count):
-        proc = subprocess.run([sys.executable, "-c", BURST], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, **NVLS_OFF})
+        try:
+            proc = subprocess.run([sys.executable, "-c", BURST], capture_output=True,
+                                  text=True, timeout=120, env={**os.environ, **NVLS_OFF})
+        except subprocess.TimeoutExpired:
+            got.append({"tflops": [], "error": "timed out after 120 s"})
+            continue
         found = re.search(r"BURST (\{.*\})", proc.stdout)
         got.append(json.loads(found.group(1)) if found else {"tflops": [],
                                                               "tail": proc.stderr[-1500:]})

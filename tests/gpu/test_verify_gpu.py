@@ -185,9 +185,10 @@ def active():
     cuda.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(on))
     return on.value
 before = active()
-start_early_context(0, None).join(30)
+early = start_early_context(0, None)
+import torch  # beside the thread, as in the agent's children
+early.join(30)
 made = active()
-import torch
 t = time.perf_counter()
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 print(json.dumps({"before": before, "made": made, "torch_s": time.perf_counter() - t,
@@ -196,8 +197,8 @@ print(json.dumps({"before": before, "made": made, "torch_s": time.perf_counter()
 
 
 def test_the_early_context_is_the_one_torch_then_uses(tmp_path):
-    """A child retains its GPU's primary context through the driver while torch imports;
-    torch's runtime then starts on that context (and works on it)."""
+    """A child retains its GPU's primary context through the driver while torch imports
+    (import torch alone makes none); torch's runtime then starts on that context and works."""
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", EARLY_CONTEXT, str(repo)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
