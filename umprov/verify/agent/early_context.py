@@ -20,9 +20,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-import time
 
-from .runner import GATE_LIMIT
+from .runner import GATE_LIMIT, gate_open
 
 LIBCUDA = "libcuda.so.1"
 
@@ -40,12 +39,8 @@ def start_early_context(ordinal: int, gate: str | None,
 
 
 def _retain_after(ordinal: int, gate: str | None, limit: float) -> None:
-    end = time.monotonic() + limit
-    while gate and not os.path.exists(gate):
-        if time.monotonic() > end:
-            return
-        time.sleep(0.02)
-    retain_primary_context(ordinal)
+    if gate is None or gate_open(gate, limit):
+        retain_primary_context(ordinal)
 
 
 def retain_primary_context(ordinal: int, library: str = LIBCUDA) -> bool:

@@ -122,14 +122,20 @@ def wait_for_gate(em: Emitter, path: str | None, limit: float = GATE_LIMIT) -> N
         return
     name = os.path.basename(path)
     em.event("mark", what=f"wait: {name}")
+    if not gate_open(path, limit):
+        em.event("mark", what=f"{name} not opened within {limit:.0f} s: went on")
+    if em.current:
+        em.start(*em.current)
+
+
+def gate_open(path: str, limit: float = GATE_LIMIT) -> bool:
+    """Whether ``path`` exists within ``limit`` seconds (looked for every 20 ms)."""
     end = time.monotonic() + limit
     while not os.path.exists(path):
         if time.monotonic() > end:
-            em.event("mark", what=f"{name} not opened within {limit:.0f} s: went on")
-            break
+            return False
         time.sleep(0.02)
-    if em.current:
-        em.start(*em.current)
+    return True
 
 
 def open_gate(path: str) -> None:
