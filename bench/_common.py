@@ -88,6 +88,15 @@ def tiny_container_lab(lab: str, container: str, *, keep: bool = False) -> Itera
                            cwd=REPO, capture_output=True, check=False)
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (a rendezvous for a child)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def machine() -> dict:
     """What tells two lent machines apart: figures of one card model still differ by host
     (quick runs of one agent: 2.4-2.5 s on one H100 lease, 3.1-3.4 s on another)."""

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import machine  # noqa: E402
+from _common import free_port, machine  # noqa: E402
 
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
@@ -70,18 +69,16 @@ os._exit(0)
 """
 
 BURST = r"""
-import ctypes, json, torch
-nvml = ctypes.CDLL("libnvidia-ml.so.1")
-nvml.nvmlInit_v2()
-handle = ctypes.c_void_p()
-props = torch.cuda.get_device_properties(0)  # NVML counts GPUs by PCI, not CUDA_VISIBLE_DEVICES
-bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle))
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from umprov.verify.agent.discover import device_identity
+from umprov.verify.agent.libnvml import LibNvml
+nvml = LibNvml.load()
+# NVML counts GPUs in PCI order, not CUDA_VISIBLE_DEVICES': CUDA device 0 by its bus id
+handle = nvml.handle_by_pci(device_identity(torch, 0)["pci_bus_id"])
 def clock_and_watts():
-    mhz, mw = ctypes.c_uint(), ctypes.c_uint()
-    nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(mhz))  # NVML_CLOCK_SM
-    nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(mw))
-    return mhz.value, round(mw.value / 1000)
+    return (nvml.uint("nvmlDeviceGetClockInfo", handle, 1),  # NVML_CLOCK_SM
+            round(nvml.uint("nvmlDeviceGetPowerUsage", handle) / 1000))
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 out = torch.empty_like(a)
@@ -99,12 +96,6 @@ while spent < 2.0:
     clocks.append(clock_and_watts())
 print("BURST", json.dumps({"tflops": rates, "sm_mhz_watts": clocks}), flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def communicator(env: dict[str, str]) -> dict:
@@ -134,8 +125,9 @@ def bursts(count: int) -> list[dict]:
     got = []
     for _ in range(count):
         try:
-            proc = subprocess.run([sys.executable, "-c", BURST], capture_output=True,
-                                  text=True, timeout=120, env={**os.environ, **NVLS_OFF})
+            proc = subprocess.run([sys.executable, "-c", BURST, str(HERE.parent)],
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, **NVLS_OFF})
         except subprocess.TimeoutExpired:
             got.append({"tflops": [], "error": "timed out after 120 s"})
             continue

@@ -106,7 +106,7 @@ def child(run: dict) -> dict:
         try:
             out_where = where_step(torch, umprov_managed, model, opt, x)
         except torch.OutOfMemoryError as exc:
-            out_where = {"oom": str(exc).splitlines()[0][:160]}
+            out_where = out_of_memory(exc, None, len(times))
     out = {"step_s": times, "setup_s": setup, "losses": losses, "phases_fwd_bwd_step": phases,
            "allocator_after_first": {k: churn[-1][k] - churn[0][k] for k in churn[0]},
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,

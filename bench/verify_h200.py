@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _common import save  # noqa: E402
+from _common import free_port, save  # noqa: E402
 
 from umprov.verify.bundle import agent_zipapp  # noqa: E402
 
@@ -84,9 +83,7 @@ def raw_baseline(world: int, sizes: list[int]) -> dict:
     import torch.multiprocessing as mp
 
     os.environ.update(NVLS_OFF)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "raw.json")
         mp.spawn(_raw_rank, args=(world, port, sizes, out), nprocs=world, join=True)
