@@ -847,16 +847,22 @@ def reading_grads_down(monkeypatch, reading: str, value: int):
     return managed_grads.GradsDown([], FakeStream("down", [])), reads, clock
 
 
+def over_a_recheck(read, recheck: float, reads: list[int], clock: list[float]) -> list:
+    """``read`` of GPU 1 now, half ``recheck`` later and past it: each answer with the devices
+    read so far."""
+    seen = []
+    for later in (0.0, recheck / 2, recheck):
+        clock[0] += later
+        seen.append((read(torch.device("cuda", 1)), list(reads)))
+    return seen
+
+
 @pytest.mark.parametrize(("room", "short"), [(1 << 30, True), (3 << 30, False)])
 def test_reservoir_short_is_under_2_gib_free_read_now_and_then_held_between(monkeypatch, room,
                                                                             short):
     down, reads, clock = reading_grads_down(monkeypatch, "reservoir_room", room)
-    gpu = torch.device("cuda", 1)
-    assert down._reservoir_short(gpu) is short
-    clock[0] += managed_grads.RESERVOIR_RECHECK / 2
-    assert down._reservoir_short(gpu) is short and reads == [1]  # the last reading holds
-    clock[0] += managed_grads.RESERVOIR_RECHECK
-    assert down._reservoir_short(gpu) is short and reads == [1, 1]
+    assert over_a_recheck(down._reservoir_short, managed_grads.RESERVOIR_RECHECK, reads,
+                          clock) == [(short, [1]), (short, [1]), (short, [1, 1])]  # it holds
 
 
 def test_a_job_seen_spilling_sends_every_gradient_down_from_the_first_backward(watching):
@@ -883,12 +889,8 @@ def test_nearly_full_is_under_2_gib_or_a_twentieth_of_the_gpu_of_room_read_now_a
     monkeypatch.setattr(step.torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=total))
     down, reads, clock = reading_grads_down(monkeypatch, "device_room", room)
-    gpu = torch.device("cuda", 1)
-    assert down._nearly_full(gpu) is full
-    clock[0] += managed_grads.ROOM_RECHECK / 2
-    assert down._nearly_full(gpu) is False and reads == [1]  # not again within ROOM_RECHECK
-    clock[0] += managed_grads.ROOM_RECHECK
-    assert down._nearly_full(gpu) is full and reads == [1, 1]
+    assert over_a_recheck(down._nearly_full, managed_grads.ROOM_RECHECK, reads, clock) == [
+        (full, [1]), (False, [1]), (full, [1, 1])]  # not read again within ROOM_RECHECK
 
 
 def test_the_first_step_hands_the_watched_parameters_to_its_host_step(watching, hooks):
