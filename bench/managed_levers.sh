@@ -4,7 +4,8 @@
 #
 #   bench/managed_levers.sh [STAGE ...]   # default: all, in this order
 #
-# early, homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
+# early: fp32 AdamW rows with FSDP2's CPU offload, the fitting size and the 20-step loss curve;
+# homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
 # momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
 # offload keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
 # keeps (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
@@ -49,7 +50,7 @@ OPTIMS=pool_grads_down:adamw_fused:fp32,torchao:adamw_fused:fp32,pool_grads_down
 OPTIMS=$OPTIMS,torchao:sgd:fp32,pool_grads_down:adamw:bf16,torchao:adamw:bf16
 for s in $stages; do
     case $s in
-        early) peers early 240 "$ROWS,$FITS" ;;
+        early) peers early 330 "$ROWS,fsdp2:adamw:fp32,$FITS,curve:default,curve:pool_host_step" ;;
         homes) peers homes 170 "$ROWS" ;;
         discard)
             timeout 60 python3 bench/managed_discard.py > "$out/discard.txt" 2>&1
