@@ -97,6 +97,34 @@ def test_the_step_keeps_identical_layers_identical_on_the_cpu():
     assert result["loss_last"] < result["loss_first"]  # Adam made progress
 
 
+ADAM_AGAINST_TORCH = """
+import json, torch
+from umprov.verify.agent.oversub import ForeachAdam
+torch.manual_seed(0)
+ours = [torch.nn.Parameter(torch.randn(64, 32)) for _ in range(3)]
+theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+x = torch.randn(16, 64)
+mine = ForeachAdam(torch, ours, lr=1e-2)
+ref = torch.optim.Adam(theirs, lr=1e-2, foreach=True)
+for _ in range(4):
+    for params, opt in ((ours, mine), (theirs, ref)):
+        sum((x @ p).tanh().square().mean() for p in params).backward()
+        opt.step()
+        opt.zero_grad()
+print(json.dumps([float((a - b).abs().max()) for a, b in zip(ours, theirs)]))
+"""
+
+
+def test_the_checks_adam_takes_the_steps_torch_optim_adam_takes():
+    """The check writes Adam out (torch.optim's first step imports torch's compiler stack, a
+    second): four steps must land where torch.optim.Adam's foreach path lands."""
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-c", ADAM_AGAINST_TORCH], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    diffs = json.loads(out.strip().splitlines()[-1])
+    assert len(diffs) == 3 and max(diffs) <= 1e-6, diffs
+
+
 def test_children_never_inherit_the_containers_managed_allocator(monkeypatch):
     monkeypatch.setenv("UMPROV_MANAGED_MEMORY", "1")  # umprov deploy --managed-memory
     assert child_env()["UMPROV_MANAGED_MEMORY"] == "0"

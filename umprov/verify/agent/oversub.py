@@ -100,12 +100,6 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
                          "carries it (docs/managed-memory.md)"))
         em.done()
         return
-    # Before the CUDA gate, nothing that touches the GPU: torch.optim's first step imports
-    # torch's compiler stack (a second), imported here meanwhile.
-    em.event("mark", what="import torch.optim")
-    import torch._dynamo  # noqa: F401
-    import torch.optim  # noqa: F401
-
     wait_for_gate(em, opts.get("cuda_gate"))
     early.join()
     em.event("mark", what="cuda init")
@@ -193,6 +187,44 @@ def _no_room(torch: Any, dev: int, reservoir: int) -> str | None:
     return None
 
 
+class ForeachAdam:
+    """Adam as ``torch.optim.Adam`` runs it on CUDA by default (its multi-tensor path, no
+    weight decay): the same foreach kernels over the same bytes, its state made at the first
+    step as torch makes it (so the same tensors spill). Written out because torch.optim's
+    first step imports torch's compiler stack, a second on the full run's longest path."""
+
+    def __init__(self, torch: Any, params: list, lr: float, betas: tuple = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        self.torch, self.params, self.lr, self.betas, self.eps = torch, params, lr, betas, eps
+        self.steps = 0
+        self.exp_avgs: list = []
+        self.exp_avg_sqs: list = []
+
+    def step(self) -> None:
+        torch, (beta1, beta2) = self.torch, self.betas
+        with torch.no_grad():
+            params = [p for p in self.params if p.grad is not None]
+            grads = [p.grad for p in params]
+            if not self.exp_avgs:
+                self.exp_avgs = [torch.zeros_like(p) for p in params]
+                self.exp_avg_sqs = [torch.zeros_like(p) for p in params]
+            self.steps += 1
+            torch._foreach_lerp_(self.exp_avgs, grads, 1 - beta1)
+            torch._foreach_mul_(self.exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(self.exp_avg_sqs, grads, grads, 1 - beta2)
+            denom = torch._foreach_sqrt(self.exp_avg_sqs)
+            torch._foreach_div_(denom, (1 - beta2 ** self.steps) ** 0.5)
+            torch._foreach_add_(denom, self.eps)
+            torch._foreach_addcdiv_(params, self.exp_avgs, denom,
+                                    -self.lr / (1 - beta1 ** self.steps))
+
+    def zero_grad(self) -> None:
+        """Gradients zeroed in place, not set to None: the next backward reuses their memory."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            self.torch._foreach_zero_(grads)
+
+
 class Training:
     """Adam over SHARDS identical layers: built, then stepped; the first step (the warm-up) is
     reported, the others timed."""
@@ -204,7 +236,7 @@ class Training:
         weights = [first] + [first.clone() for _ in range(SHARDS - 1)]
         self.params = [torch.nn.Parameter(w) for w in weights]
         self.x = torch.randn(BATCH, n, device=device, generator=gen)
-        self.opt = torch.optim.Adam(self.params, lr=1e-3)
+        self.opt = ForeachAdam(torch, self.params, lr=1e-3)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.times: list[float] = []
         self.losses: list[float] = []
@@ -215,7 +247,7 @@ class Training:
         loss = sum((self.x @ p).tanh().square().mean() for p in self.params)
         loss.backward()
         self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
+        self.opt.zero_grad()
         self.sync()
         self.times.append(time.perf_counter() - t0)
         self.losses.append(float(loss.item()))
