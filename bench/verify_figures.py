@@ -233,18 +233,23 @@ def cold(samples: int, agent: Path, env: dict, agent_env: dict) -> dict:
 
 
 def ab(old: Path, new: Path, env: dict, rounds: int) -> dict:
-    """Full and quick runs of both builds, interleaved, the order swapped every round."""
-    walls: dict[str, list[float]] = {f"{b}_{m}": [] for b in ("old", "new")
-                                     for m in ("full", "quick")}
+    """Full and quick runs of both builds, interleaved, the order swapped every round; each
+    build's phases beside its walls, so a change's effect shows where it acts."""
+    keys = [f"{b}_{m}" for b in ("old", "new") for m in ("full", "quick")]
+    walls: dict[str, list[float]] = {k: [] for k in keys}
+    docs: dict[str, list[dict]] = {k: [] for k in keys}
     for i in range(rounds):
         order = [("old", old), ("new", new)][:: 1 if i % 2 == 0 else -1]
         for mode, args in (("full", ()), ("quick", ("--quick",))):
             for build, pyz in order:
-                walls[f"{build}_{mode}"].append(run_agent(pyz, env, *args)[0])
+                wall, doc = run_agent(pyz, env, *args)
+                walls[f"{build}_{mode}"].append(wall)
+                docs[f"{build}_{mode}"].append(doc)
     out: dict = {k: spread(v) for k, v in walls.items()}
     for mode in ("full", "quick"):
         out[f"new_over_old_{mode}"] = round(statistics.median(walls[f"new_{mode}"])
                                             / statistics.median(walls[f"old_{mode}"]), 3)
+    out["phases"] = {k: phases(v, top=25) for k, v in docs.items()}
     return out
 
 
