@@ -5,7 +5,8 @@
 #   bench/managed_levers.sh [STAGE ...]   # default: all, in this order
 #
 # early: fp32 AdamW rows with FSDP2's CPU offload, the fitting size and the 20-step loss curve;
-# homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
+# deepspeed: ZeRO-Offload (its wheels in .whl/deepspeed-deps/, DeepSpeedCPUAdam built first)
+# beside torchao and gradients down, fp32 and bf16; homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
 # momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
 # offload keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
 # keeps (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
@@ -14,7 +15,7 @@
 # $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's
 # row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
 set -u
-ALL="early homes discard expandable lag optims mlp tight headroom gputests"
+ALL="early deepspeed homes discard expandable lag optims mlp tight headroom gputests"
 stages=${*:-$ALL}
 for s in $stages; do
     case " $ALL " in
@@ -51,6 +52,13 @@ OPTIMS=$OPTIMS,torchao:sgd:fp32,pool_grads_down:adamw:bf16,torchao:adamw:bf16
 for s in $stages; do
     case $s in
         early) peers early 330 "$ROWS,fsdp2:adamw:fp32,$FITS,curve:default,curve:pool_host_step" ;;
+        deepspeed)
+            python3 -m pip install -q --no-deps .whl/deepspeed-deps/*.whl 2>&1 | tail -2
+            export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}
+            timeout 150 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder
+CPUAdamBuilder().load()" > "$out/deepspeed-build.txt" 2>&1
+            echo "deepspeed build rc=$?"
+            peers deepspeed 330 "$DOWN,deepspeed:adamw:fp32,pool_grads_down:adamw:bf16,deepspeed:adamw:bf16" ;;
         homes) peers homes 170 "$ROWS" ;;
         discard)
             timeout 60 python3 bench/managed_discard.py > "$out/discard.txt" 2>&1

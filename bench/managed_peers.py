@@ -21,7 +21,11 @@ user's code the same for every run but the peers' own wrapping:
 - pool_weights_out: an experiment, not the product: pool_grads_down with the first quarter of
   the layers' weights moved into the reservoir by the bench (``weights_out``);
 - torchao: ``CPUOffloadOptimizer(params, AdamW, offload_gradients=True, fused=True)``;
-- fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1.
+- fsdp2: ``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=True))``, world size 1;
+- deepspeed: ZeRO-Offload, ``deepspeed.initialize`` with ZeRO stage 2 and
+  ``offload_optimizer: {device: cpu, pin_memory: true}`` (DeepSpeedCPUAdam, JIT-built once
+  before the run), world size 1, 2e8-element buckets as DeepSpeed's examples set them; the
+  loop calls ``engine.backward(loss)`` and ``engine.step()`` as DeepSpeed's users do (AdamW only).
 
 Also a size that fits (2 layers, 1 MLP block: default against pool) and the loss curve of the
 host step against the same model trained in device memory (that size, 20 steps, the host step
@@ -80,6 +84,8 @@ def child(run: dict) -> dict:
         if run["how"] == "pool_weights_out":
             weights_out(torch, umprov_managed, model)
         opt = optimizer(torch, model, run)  # torchao pins its host copies here
+        if isinstance(opt, EngineStep):
+            model = opt.engine  # DeepSpeed's forward goes through its engine
         x = batch(torch, run).to(dev)
         setup = _synced(torch) - began
         for _ in range(run["steps"]):
@@ -88,7 +94,7 @@ def child(run: dict) -> dict:
             with torch.autocast("cuda", torch.bfloat16, enabled=run["dtype"] == "bf16"):
                 loss = model(x).float().square().mean()
             marks.append(_synced(torch))
-            loss.backward()
+            opt.backward(loss) if isinstance(opt, EngineStep) else loss.backward()
             marks.append(_synced(torch))
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -219,7 +225,46 @@ def _synced(torch) -> float:  # noqa: ANN001 - the child's torch
     return time.perf_counter()
 
 
+class EngineStep:
+    """DeepSpeed's engine in the loop's optimizer's place: its backward (ZeRO's gradient
+    reduction into the offloaded partition) and its step, which zeroes the gradients."""
+
+    def __init__(self, engine) -> None:  # noqa: ANN001 - deepspeed's engine
+        self.engine = engine
+
+    def backward(self, loss) -> None:  # noqa: ANN001
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing: the engine's step zeroed them."""
+
+
+def deepspeed_engine(model, run: dict) -> EngineStep:  # noqa: ANN001 - the child's model
+    """ZeRO-Offload as its users write it for one GPU without the launcher."""
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29542"), ("RANK", "0"),
+                       ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    import deepspeed
+
+    if run["optim"] != "adamw":
+        raise ValueError(f"the deepspeed row runs AdamW only, not {run['optim']}")
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.01}},
+              "zero_optimization": {"stage": 2, "contiguous_gradients": True,
+                                    "overlap_comm": True, "reduce_bucket_size": 2e8,
+                                    "allgather_bucket_size": 2e8,
+                                    "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    return EngineStep(engine)
+
+
 def optimizer(torch, model, run: dict):  # noqa: ANN001, ANN201 - torch is the child's
+    if run["how"] == "deepspeed":
+        return deepspeed_engine(model, run)
     kind = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[run["optim"].split("_")[0]]
     kwargs = {"lr": 1e-5, **({"momentum": 0.9} if kind is torch.optim.SGD else {}),
               **({"fused": True} if run["optim"].endswith("fused") else {})}
@@ -275,10 +320,10 @@ def plan(args: argparse.Namespace) -> list[dict]:
     runs = [{"name": f"{how}:{optim}:{dtype}", "how": how, "optim": optim, "dtype": dtype, **big}
             for dtype, optim, hows in (
                 ("fp32", "adamw", ("default", "pool_gpu_step", "pool_grads_down", "pool",
-                                   "pool_weights_out", "torchao", "fsdp2")),
+                                   "pool_weights_out", "torchao", "fsdp2", "deepspeed")),
                 ("fp32", "adamw_fused", ("pool", "pool_grads_down", "torchao")),
                 ("fp32", "sgd", ("pool_gpu_step", "pool", "pool_grads_down", "torchao")),
-                ("bf16", "adamw", ("pool", "pool_grads_down", "torchao", "fsdp2")))
+                ("bf16", "adamw", ("pool", "pool_grads_down", "torchao", "fsdp2", "deepspeed")))
             for how in hows]
     # a size that fits beside the neighbour: 6.2 GiB of transformer, 8.0 GiB of MLP
     small = {"layers": 1 if args.model == "mlp" else 2, "optim": "adamw", "dtype": "fp32",
@@ -298,7 +343,7 @@ def past(run: dict) -> bool:
 
 def table(results: list[dict], rate: float) -> list[str]:
     by = {r["name"]: r for r in results}
-    best_peer = min((step(r) for r in results if r["how"] in ("torchao", "fsdp2")
+    best_peer = min((step(r) for r in results if r["how"] in ("torchao", "fsdp2", "deepspeed")
                      and past(r) and step(r)), default=None)
     lines = [f"pinned h2d {rate:.1f} GB/s", "run | step s | x best peer | GPU peak GiB | "
              "host peak GiB | spilled GiB | set-up + first step s"]

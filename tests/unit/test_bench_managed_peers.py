@@ -4,6 +4,7 @@ on CPU torch with the snapshot and the pool's placement stood in for."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from types import SimpleNamespace
 
@@ -155,3 +156,36 @@ def test_weights_out_moves_the_first_quarter_of_the_layers_weights_into_the_rese
 def test_gradients_down_are_on_for_the_product_and_the_weights_out_experiment():
     assert set(managed_peers.GRADS_DOWN) == {"pool_grads_down", "pool_weights_out"}
     assert "pool_weights_out:adamw:fp32" in {r["name"] for r in plan()}
+
+
+def test_the_deepspeed_row_is_zero_offload_of_adamw_driven_through_its_engine(monkeypatch):
+    seen: dict = {}
+
+    class Engine:
+        def backward(self, loss):
+            seen.setdefault("calls", []).append(("backward", loss))
+
+        def step(self):
+            seen.setdefault("calls", []).append(("step",))
+
+    def initialize(model, model_parameters, config):
+        seen.update(model=model, config=config)
+        return Engine(), None, None, None
+
+    monkeypatch.setitem(sys.modules, "deepspeed", SimpleNamespace(initialize=initialize))
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    model = SimpleNamespace(parameters=lambda: [])
+    opt = managed_peers.optimizer(None, model, {"how": "deepspeed", "optim": "adamw"})
+    zero = seen["config"]["zero_optimization"]
+    assert zero["stage"] == 2 and zero["offload_optimizer"] == {"device": "cpu",
+                                                                 "pin_memory": True}
+    assert seen["config"]["optimizer"]["type"] == "AdamW" and os.environ["WORLD_SIZE"] == "1"
+    opt.backward("loss")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    assert seen["calls"] == [("backward", "loss"), ("step",)]
+    with pytest.raises(ValueError, match="AdamW only"):
+        managed_peers.optimizer(None, model, {"how": "deepspeed", "optim": "sgd"})
+    names = {r["name"] for r in plan()}
+    assert "deepspeed:adamw:fp32" in names and "deepspeed:adamw:bf16" in names
