@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit import ranks
-from umprov.verify.agent import discover, gpu, host, managed, oversub
+from umprov.verify.agent import discover, gpu, host, managed, oversub, runner
 from umprov.verify.agent.gpuchild import share_of
 from umprov.verify.agent.profiles import BUILTIN_PROFILES
 from umprov.verify.agent.runner import Child, MiB, wait_all, wait_done
@@ -324,3 +324,26 @@ def test_one_rank_has_nothing_timed_and_never_waits_for_the_second_gate(agent_py
     checks = {e["record"]["check"]: e["record"]["verdict"] for e in events(tmp_path, 1)
               if e["ev"] == "record"}
     assert checks["ddp.step"] == "pass" and checks["nccl.busbw_1g"] == "skip"
+
+
+class Rank:
+    """A rank as shorten_peers sees it: its exit code once ended, its deadline."""
+
+    def __init__(self, rc: int | None) -> None:
+        self.rc, self.timed_out, self.deadline = rc, False, time.monotonic() + 120
+
+    def poll(self) -> bool:
+        return self.rc is not None
+
+
+def test_a_rank_that_ends_before_the_gate_cuts_its_peers_wait_to_the_grace():
+    """A rank that skipped for want of memory exits 0 before the gate; its peers would wait in
+    a collective, holding their GPUs' locks, until their own deadline."""
+    skipped, waiting = Rank(0), Rank(None)
+    runner.shorten_peers([skipped, waiting])  # after the gate, exit 0 is a rank's normal end
+    assert waiting.deadline > time.monotonic() + 60
+    runner.shorten_peers([skipped, waiting], any_end=True)
+    assert waiting.deadline <= time.monotonic() + runner.GROUP_GRACE
+    failed, peer = Rank(1), Rank(None)
+    runner.shorten_peers([failed, peer])
+    assert peer.deadline <= time.monotonic() + runner.GROUP_GRACE

@@ -30,14 +30,16 @@ def ddp_prepare(torch: Any, device: Any, rank: int, cpu: bool) -> dict:
 
 
 def ddp_warm_up(torch: Any, state: dict) -> None:
-    """DDP's first iteration (its bucket rebuild, autograd's device thread, cuBLAS) and SGD's
-    kernels: a forward and backward on zeros, the gradients then dropped, nothing stepped, so
-    ``ddp_step`` still starts from the broadcast weights."""
+    """DDP's first iterations (autograd's device thread and cuBLAS in the first, the bucket
+    rebuild at the second's forward) and SGD's kernels: two forwards and backwards on zeros,
+    the gradients then dropped, nothing stepped, so ``ddp_step`` still starts from the
+    broadcast weights."""
     model, ddp = state["model"], state["ddp"]
     device = next(model.parameters()).device
-    loss = torch.nn.functional.mse_loss(ddp(torch.zeros(BATCH, 64, device=device)),
-                                        torch.zeros(BATCH, 8, device=device))
-    loss.backward()
+    for _ in range(2):
+        loss = torch.nn.functional.mse_loss(ddp(torch.zeros(BATCH, 64, device=device)),
+                                            torch.zeros(BATCH, 8, device=device))
+        loss.backward()
     scratch = torch.zeros(8, device=device, requires_grad=True)
     scratch.grad = torch.ones(8, device=device)
     torch.optim.SGD([scratch], lr=0.1).step()

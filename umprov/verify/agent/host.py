@@ -36,7 +36,15 @@ from .pairs import pair_records
 from .precheck import guess_gpu_count, no_gpu_reasons, precheck
 from .processes import name_other_processes
 from .profiles import profiles_for, select_profile
-from .runner import Child, child_env, open_gate, self_command, wait_all, wait_done
+from .runner import (
+    Child,
+    child_env,
+    open_gate,
+    self_command,
+    shorten_peers,
+    wait_all,
+    wait_done,
+)
 from .samples import by_gpu, progress_line
 from .schema import host_report, record
 
@@ -224,8 +232,15 @@ class Agent:
             with self.phase("agent.wait_all"):
                 wait_all(phase2 + ranks, groups=[ranks], tick=self.tick)
             return
+        def tick() -> None:
+            # A rank that ended before the gate (failed, or skipped for want of memory)
+            # leaves its peers in a collective, holding their GPUs' locks, which the per-GPU
+            # children wait for: its peers end within the grace, not at their deadline.
+            self.tick()
+            shorten_peers(ranks, any_end=True)
+
         with self.phase("agent.wait_per_gpu_checks"):
-            wait_done(phase2, tick=self.tick)
+            wait_done(phase2, tick=tick)
         open_gate(gate)
         for c in ranks:  # their own deadline counts from now
             c.deadline = max(c.deadline, time.monotonic() + self.timeout + self.duration)

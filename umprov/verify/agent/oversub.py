@@ -25,9 +25,11 @@ missing (NGC and other images): the check is skipped, saying so.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -86,9 +88,15 @@ def layer_size(budget: int) -> int:
     return max(256, int(math.sqrt(per_tensor / 4)) // 256 * 256)
 
 
+def pool_present() -> bool:
+    """Whether ``umprov_managed`` can be imported, without importing it (nor torch)."""
+    return "umprov_managed" in sys.modules or importlib.util.find_spec("umprov_managed") is not None
+
+
 def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
     em.start(CHECK, f"gpu{dev}")
-    early = start_early_context(dev, opts.get("cuda_gate"))
+    # no context made for an image without the pool: the check skips there
+    early = start_early_context(dev, opts.get("cuda_gate")) if pool_present() else None
     import torch
 
     target = f"gpu{dev}"
@@ -101,7 +109,8 @@ def child_oversub(em: Emitter, opts: dict, dev: int) -> None:
         em.done()
         return
     wait_for_gate(em, opts.get("cuda_gate"))
-    early.join()
+    if early is not None:
+        early.join()
     em.event("mark", what="cuda init")
     budget = int(opts.get("oversub_budget_mib") or BUDGET // MiB) * MiB
     why = ruled_out(umprov_managed)
@@ -205,9 +214,10 @@ class ForeachAdam:
         with torch.no_grad():
             params = [p for p in self.params if p.grad is not None]
             grads = [p.grad for p in params]
-            if not self.exp_avgs:
-                self.exp_avgs = [torch.zeros_like(p) for p in params]
-                self.exp_avg_sqs = [torch.zeros_like(p) for p in params]
+            if not self.exp_avgs:  # a parameter's two moments together, as torch makes them
+                for p in params:
+                    self.exp_avgs.append(torch.zeros_like(p))
+                    self.exp_avg_sqs.append(torch.zeros_like(p))
             self.steps += 1
             torch._foreach_lerp_(self.exp_avgs, grads, 1 - beta1)
             torch._foreach_mul_(self.exp_avg_sqs, beta2)

@@ -26,6 +26,7 @@ MULTICAST_OFF = {
 }
 DEFAULT_TIMEOUT = 120.0
 GATE_LIMIT = 30.0  # seconds a child waits for the monitor child's process list at most
+GROUP_GRACE = 10.0  # seconds a rank whose peer died keeps before it is killed
 GiB = 1 << 30
 MiB = 1 << 20
 _T0 = time.monotonic()
@@ -397,15 +398,22 @@ def wait_all(children: list[Child], groups: list[list[Child]] | None = None,
             tick()
         pending = [c for c in children if not c.poll()]
         for group in groups:
-            failed = [c for c in group if c.rc is not None and (c.rc != 0 or c.timed_out)]
-            if failed:
-                # Peers of a dead rank wait for it forever: give them a short grace only.
-                for c in group:
-                    if c.rc is None:
-                        c.deadline = min(c.deadline, time.monotonic() + 10)
+            shorten_peers(group)
         if not pending:
             return
         time.sleep(0.05)
+
+
+def shorten_peers(group: list[Child], any_end: bool = False) -> None:
+    """Peers of a dead rank wait for it forever in a collective: a short grace only once one
+    failed, or (``any_end``, before the gate, where none ends but by failing or by skipping
+    for want of memory, which exits 0) once one ended at all."""
+    for c in group:
+        c.poll()
+    if any(c.rc is not None and (any_end or c.rc != 0 or c.timed_out) for c in group):
+        for c in group:
+            if c.rc is None:
+                c.deadline = min(c.deadline, time.monotonic() + GROUP_GRACE)
 
 
 def wait_done(children: list[Child], tick: Any = None) -> None:
