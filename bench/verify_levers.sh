@@ -1,0 +1,40 @@
+#!/bin/bash
+# Issue 38's open measurements, each a stage under its own time limit (a device call gives at
+# most 600 s), results in $OUT (the device tool's folder) or bench/results/:
+#
+#   bench/verify_levers.sh [STAGE ...]   # default: costs figures gputests
+#
+# costs: bench/agent_costs.py (NCCL's communicator under settings, the bf16 GEMM over a burst
+# with its clock and power); figures: bench/verify_figures.py, 5 full and 3 quick runs, the
+# floor, and an A/B against the agent build in .abold/ named by $OLD (default
+# agent-087f45c.pyz: before the early CUDA context's first GPU run, the collectives' warm-up
+# and the written-out Adam; carry .abold); gputests: the verifier's GPU tests.
+set -u
+ALL="costs figures gputests"
+stages=${*:-$ALL}
+for s in $stages; do
+    case " $ALL " in
+        *" $s "*) ;;
+        *) echo "verify_levers.sh: unknown stage '$s' ($ALL)" >&2
+           exit 2 ;;
+    esac
+done
+out=${OUT:-bench/results}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 UMPROV_BENCH_OUT=$out
+old=.abold/${OLD:-agent-087f45c.pyz}
+for s in $stages; do
+    case $s in
+        costs) timeout 120 python3 bench/agent_costs.py > "$out/costs.txt" 2>&1 ;;
+        figures)
+            ab=()
+            [ -f "$old" ] && ab=(--old "$old" --ab 2)
+            timeout 300 python3 bench/verify_figures.py --runs 5 --quick-runs 3 --floor 2 \
+                --cold 0 "${ab[@]}" > "$out/figures.txt" 2>&1 ;;
+        gputests)
+            timeout 200 env PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider \
+                tests/gpu/test_verify_gpu.py > "$out/gputests.txt" 2>&1 ;;
+    esac
+    echo "$s rc=$?"
+    tail -12 "$out/$s.txt"
+done
