@@ -114,6 +114,8 @@ def child(run: dict) -> dict:
         except torch.OutOfMemoryError as exc:
             out_where = out_of_memory(exc, None, len(times))
     out = {"step_s": times, "setup_s": setup, "losses": losses, "phases_fwd_bwd_step": phases,
+           **({"host_optimizer": type(getattr(opt.engine, "basic_optimizer", None)).__name__}
+              if isinstance(opt, EngineStep) else {}),
            "allocator_after_first": {k: churn[-1][k] - churn[0][k] for k in churn[0]},
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
@@ -251,8 +253,11 @@ def deepspeed_engine(model, run: dict) -> EngineStep:  # noqa: ANN001 - the chil
 
     if run["optim"] != "adamw":
         raise ValueError(f"the deepspeed row runs AdamW only, not {run['optim']}")
+    params: dict = {"lr": 1e-5, "weight_decay": 0.01}
+    if os.environ.get("UMPROV_BENCH_DS_TORCH_ADAM") == "1":  # DeepSpeedCPUAdam did not build
+        params.update(torch_adam=True, fused=True)  # torch's fused AdamW on the CPU instead
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.01}},
+              "optimizer": {"type": "AdamW", "params": params},
               "zero_optimization": {"stage": 2, "contiguous_gradients": True,
                                     "overlap_comm": True, "reduce_bucket_size": 2e8,
                                     "allgather_bucket_size": 2e8,

@@ -185,6 +185,9 @@ def test_the_deepspeed_row_is_zero_offload_of_adamw_driven_through_its_engine(mo
     opt.step()
     opt.zero_grad(set_to_none=True)
     assert seen["calls"] == [("backward", "loss"), ("step",)]
+    monkeypatch.setenv("UMPROV_BENCH_DS_TORCH_ADAM", "1")  # its Adam op did not build
+    managed_peers.optimizer(None, model, {"how": "deepspeed", "optim": "adamw"})
+    assert seen["config"]["optimizer"]["params"]["torch_adam"] is True
     with pytest.raises(ValueError, match="AdamW only"):
         managed_peers.optimizer(None, model, {"how": "deepspeed", "optim": "sgd"})
     names = {r["name"] for r in plan()}
