@@ -167,7 +167,7 @@ class FakeChild:
         self.deadline = time.monotonic() + 60
         self.killed = False
         self.is_done = False
-        self.proc = types.SimpleNamespace(pid=hash(name) % 30000 + 1000)
+        self.proc = types.SimpleNamespace(pid=hash(name) % 30000 + 1000, poll=lambda: self.rc)
 
     def finished(self) -> bool:
         return self.is_done or self.rc is not None
@@ -326,24 +326,20 @@ def test_one_rank_has_nothing_timed_and_never_waits_for_the_second_gate(agent_py
     assert checks["ddp.step"] == "pass" and checks["nccl.busbw_1g"] == "skip"
 
 
-class Rank:
-    """A rank as shorten_peers sees it: its exit code once ended, its deadline."""
-
-    def __init__(self, rc: int | None) -> None:
-        self.rc, self.timed_out, self.deadline = rc, False, time.monotonic() + 120
-
-    def poll(self) -> bool:
-        return self.rc is not None
-
 
 def test_a_rank_that_ends_before_the_gate_cuts_its_peers_wait_to_the_grace():
     """A rank that skipped for want of memory exits 0 before the gate; its peers would wait in
     a collective, holding their GPUs' locks, until their own deadline."""
-    skipped, waiting = Rank(0), Rank(None)
-    runner.shorten_peers([skipped, waiting])  # after the gate, exit 0 is a rank's normal end
-    assert waiting.deadline > time.monotonic() + 60
+    skipped, waiting = FakeChild("nccl0"), FakeChild("nccl1")
+    skipped.proc.poll = lambda: 0  # ended, not yet polled by the parent
+    runner.shorten_peers([skipped, waiting])  # nothing known to have failed
+    assert waiting.deadline > time.monotonic() + 30
     runner.shorten_peers([skipped, waiting], any_end=True)
     assert waiting.deadline <= time.monotonic() + runner.GROUP_GRACE
-    failed, peer = Rank(1), Rank(None)
+    failed, peer = FakeChild("nccl0"), FakeChild("nccl1")
+    failed.rc = 0
+    runner.shorten_peers([failed, peer])  # after the gate, exit 0 is a rank's normal end
+    assert peer.deadline > time.monotonic() + 30
+    failed.rc = 1
     runner.shorten_peers([failed, peer])
     assert peer.deadline <= time.monotonic() + runner.GROUP_GRACE

@@ -407,10 +407,14 @@ def wait_all(children: list[Child], groups: list[list[Child]] | None = None,
 def shorten_peers(group: list[Child], any_end: bool = False) -> None:
     """Peers of a dead rank wait for it forever in a collective: a short grace only once one
     failed, or (``any_end``, before the gate, where none ends but by failing or by skipping
-    for want of memory, which exits 0) once one ended at all."""
-    for c in group:
-        c.poll()
-    if any(c.rc is not None and (any_end or c.rc != 0 or c.timed_out) for c in group):
+    for want of memory, which exits 0) once one ended at all. Nothing here enforces a
+    deadline (``poll`` does): before the gate a rank's deadline is not yet its last."""
+    def dead(c: Child) -> bool:
+        if any_end:
+            return c.rc is not None or c.proc.poll() is not None
+        return c.rc is not None and (c.rc != 0 or c.timed_out)
+
+    if any(dead(c) for c in group):
         for c in group:
             if c.rc is None:
                 c.deadline = min(c.deadline, time.monotonic() + GROUP_GRACE)
