@@ -175,6 +175,9 @@ class FakeChild:
     def poll(self) -> bool:
         return self.rc is not None
 
+    def events(self) -> list[dict]:
+        return [{"ev": "done"}] if self.is_done else []
+
     def kill(self) -> None:
         self.killed, self.rc = True, -9
 
@@ -327,19 +330,15 @@ def test_one_rank_has_nothing_timed_and_never_waits_for_the_second_gate(agent_py
 
 
 
-def test_a_rank_that_ends_before_the_gate_cuts_its_peers_wait_to_the_grace():
+def test_a_rank_that_ends_cuts_the_wait_of_its_peers_still_in_their_checks_to_the_grace():
     """A rank that skipped for want of memory exits 0 before the gate; its peers would wait in
-    a collective, holding their GPUs' locks, until their own deadline."""
-    skipped, waiting = FakeChild("nccl0"), FakeChild("nccl1")
-    skipped.proc.poll = lambda: 0  # ended, not yet polled by the parent
-    runner.shorten_peers([skipped, waiting])  # nothing known to have failed
+    a collective, holding their GPUs' locks, until their own deadline. A peer that wrote
+    "done" is only exiting: its deadline stands."""
+    skipped, waiting, finishing = FakeChild("nccl0"), FakeChild("nccl1"), FakeChild("nccl2")
+    finishing.is_done = True
+    runner.shorten_peers([skipped, waiting, finishing])  # none has ended
     assert waiting.deadline > time.monotonic() + 30
-    runner.shorten_peers([skipped, waiting], any_end=True)
+    skipped.proc.poll = lambda: 0  # ended, not yet polled by the parent
+    runner.shorten_peers([skipped, waiting, finishing])
     assert waiting.deadline <= time.monotonic() + runner.GROUP_GRACE
-    failed, peer = FakeChild("nccl0"), FakeChild("nccl1")
-    failed.rc = 0
-    runner.shorten_peers([failed, peer])  # after the gate, exit 0 is a rank's normal end
-    assert peer.deadline > time.monotonic() + 30
-    failed.rc = 1
-    runner.shorten_peers([failed, peer])
-    assert peer.deadline <= time.monotonic() + runner.GROUP_GRACE
+    assert finishing.deadline > time.monotonic() + 30

@@ -237,7 +237,7 @@ class Agent:
             # leaves its peers in a collective, holding their GPUs' locks, which the per-GPU
             # children wait for: its peers end within the grace, not at their deadline.
             self.tick()
-            shorten_peers(ranks, any_end=True)
+            shorten_peers(ranks)
 
         with self.phase("agent.wait_per_gpu_checks"):
             wait_done(phase2, tick=tick)

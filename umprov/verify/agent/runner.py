@@ -404,20 +404,17 @@ def wait_all(children: list[Child], groups: list[list[Child]] | None = None,
         time.sleep(0.05)
 
 
-def shorten_peers(group: list[Child], any_end: bool = False) -> None:
-    """Peers of a dead rank wait for it forever in a collective: a short grace only once one
-    failed, or (``any_end``, before the gate, where none ends but by failing or by skipping
-    for want of memory, which exits 0) once one ended at all. Nothing here enforces a
-    deadline (``poll`` does): before the gate a rank's deadline is not yet its last."""
-    def dead(c: Child) -> bool:
-        if any_end:
-            return c.rc is not None or c.proc.poll() is not None
-        return c.rc is not None and (c.rc != 0 or c.timed_out)
-
-    if any(dead(c) for c in group):
-        for c in group:
-            if c.rc is None:
-                c.deadline = min(c.deadline, time.monotonic() + GROUP_GRACE)
+def shorten_peers(group: list[Child]) -> None:
+    """Once a rank has ended (failed, killed, skipped for want of memory, which exits 0, or
+    done), a peer still in its checks may wait in a collective for it forever, holding its
+    GPU's lock: it keeps GROUP_GRACE seconds at most. A rank ends only after its last
+    collective, so a peer that is merely finishing needs far less. Exits are read without
+    enforcing deadlines (``poll`` does: before the gate a rank's deadline is not its last)."""
+    if not any(c.rc is not None or c.proc.poll() is not None for c in group):
+        return
+    for c in group:
+        if c.rc is None and not any(e.get("ev") == "done" for e in c.events()):
+            c.deadline = min(c.deadline, time.monotonic() + GROUP_GRACE)
 
 
 def wait_done(children: list[Child], tick: Any = None) -> None:
