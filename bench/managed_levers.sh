@@ -56,7 +56,7 @@ for s in $stages; do
             python3 -m pip install -q --no-deps .whl/deepspeed-deps/*.whl 2>&1 | tail -2
             export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}
             # ninja where pip put it, beside this python
-            PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
+            PATH="$(dirname "$(command -v python3)"):$PATH"
             if ! timeout 150 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder
 CPUAdamBuilder().load()" > "$out/deepspeed-build.txt" 2>&1; then
                 echo "deepspeed: DeepSpeedCPUAdam did not build; torch's fused AdamW instead"

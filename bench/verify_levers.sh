@@ -6,9 +6,9 @@
 #
 # costs: bench/agent_costs.py (NCCL's communicator under settings, the bf16 GEMM over a burst
 # with its clock and power); figures: bench/verify_figures.py, 5 full and 3 quick runs, the
-# floor, and an A/B against the agent build in .abold/ named by $OLD (default
-# agent-087f45c.pyz: before the early CUDA context's first GPU run, the collectives' warm-up
-# and the written-out Adam; carry .abold); gputests: the verifier's GPU tests.
+# floor, and an A/B against the agent build $OLD (default .abold/agent-087f45c.pyz, the
+# agent before the early CUDA context, the collectives' warm-up and the written-out Adam:
+# carry .abold); gputests: the verifier's GPU tests.
 set -u
 ALL="costs figures gputests"
 stages=${*:-$ALL}
@@ -22,7 +22,7 @@ done
 out=${OUT:-bench/results}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 UMPROV_BENCH_OUT=$out
-old=.abold/${OLD:-agent-087f45c.pyz}
+old=${OLD:-.abold/agent-087f45c.pyz}
 for s in $stages; do
     case $s in
         costs) timeout 120 python3 bench/agent_costs.py > "$out/costs.txt" 2>&1 ;;

@@ -38,8 +38,8 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
     run = levers(env, "homes", "expandible")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "managed_levers.sh: unknown stage 'expandible' (early homes discard expandable lag optims "
-        "mlp tight headroom gputests)"]
+        "managed_levers.sh: unknown stage 'expandible' (early deepspeed homes discard expandable "
+        "lag optims mlp tight headroom gputests)"]
     assert not out.exists()
 
 
@@ -91,3 +91,21 @@ def test_the_headroom_stage_runs_bf16_with_cudas_headroom_and_without(recorded):
     assert "pool_grads_down:adamw:bf16" in kept and "headroom: default" in kept
     assert "pool_grads_down:adamw:bf16" in off and "headroom: 0" in off
     assert "UMPROV_MANAGED_HEADROOM" not in env
+
+
+@pytest.mark.parametrize(("build_rc", "fallback"), [(0, "0"), (1, "1")])
+def test_the_deepspeed_stage_builds_its_adam_first_and_falls_back_where_it_cannot(
+        recorded, build_rc, fallback):
+    env, out = recorded
+    fakebin.shell(Path(env["PATH"].split(":")[0]), "python3",
+                  f'if [ "$1" = -c ]; then echo building; exit {build_rc}; fi\n'
+                  'echo "args: $*"\necho "torch_adam: ${UMPROV_BENCH_DS_TORCH_ADAM:-0}"\n')
+    run = levers(env, "deepspeed")
+    assert run.returncode == 0, run.stderr
+    assert "building" in (out / "deepspeed-build.txt").read_text()
+    text = (out / "deepspeed.txt").read_text()
+    args = text.split()
+    rows = set(args[args.index("--only") + 1].split(","))
+    assert {"deepspeed:adamw:fp32", "deepspeed:adamw:bf16", "torchao:adamw:fp32",
+            "pool_grads_down:adamw:fp32"} <= rows
+    assert f"torch_adam: {fallback}" in text
