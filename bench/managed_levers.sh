@@ -6,8 +6,8 @@
 #
 # early: fp32 AdamW rows with FSDP2's CPU offload, the fitting size and the 20-step loss curve;
 # deepspeed: ZeRO-Offload (its wheels in .whl/deepspeed-deps/, DeepSpeedCPUAdam built first)
-# beside torchao and gradients down, fp32 and bf16; homes, expandable, lag: fp32 AdamW rows under settings; optims: fused AdamW, SGD with
-# momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
+# beside torchao and gradients down, fp32 and bf16; homes, expandable, lag: fp32 AdamW rows
+# under settings; optims: fused AdamW, SGD with momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
 # offload keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
 # keeps (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
 #
@@ -16,16 +16,8 @@
 # row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
 set -u
 ALL="early deepspeed homes discard expandable lag optims mlp tight headroom gputests"
-stages=${*:-$ALL}
-for s in $stages; do
-    case " $ALL " in
-        *" $s "*) ;;
-        *) echo "managed_levers.sh: unknown stage '$s' ($ALL)" >&2
-           exit 2 ;;
-    esac
-done
-out=${OUT:-bench/results}
-mkdir -p "$out"
+. "$(dirname "$0")/_stages.sh"
+pick_stages "$ALL" "$@"
 export NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-deps .whl/torchao-*.whl 2>&1 | tail -2
 peers() {  # stage, time limit, rows, then more arguments (--managed DIR)

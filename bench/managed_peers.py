@@ -84,8 +84,9 @@ def child(run: dict) -> dict:
         if run["how"] == "pool_weights_out":
             weights_out(torch, umprov_managed, model)
         opt = optimizer(torch, model, run)  # torchao pins its host copies here
-        if isinstance(opt, EngineStep):
-            model = opt.engine  # DeepSpeed's forward goes through its engine
+        engine = opt.engine if isinstance(opt, EngineStep) else None
+        model = engine or model  # DeepSpeed's forward and backward go through its engine
+        backward = engine.backward if engine else torch.Tensor.backward
         x = batch(torch, run).to(dev)
         setup = _synced(torch) - began
         for _ in range(run["steps"]):
@@ -94,7 +95,7 @@ def child(run: dict) -> dict:
             with torch.autocast("cuda", torch.bfloat16, enabled=run["dtype"] == "bf16"):
                 loss = model(x).float().square().mean()
             marks.append(_synced(torch))
-            opt.backward(loss) if isinstance(opt, EngineStep) else loss.backward()
+            backward(loss)
             marks.append(_synced(torch))
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -114,8 +115,8 @@ def child(run: dict) -> dict:
         except torch.OutOfMemoryError as exc:
             out_where = out_of_memory(exc, None, len(times))
     out = {"step_s": times, "setup_s": setup, "losses": losses, "phases_fwd_bwd_step": phases,
-           **({"host_optimizer": type(getattr(opt.engine, "basic_optimizer", None)).__name__}
-              if isinstance(opt, EngineStep) else {}),
+           **({"host_optimizer": type(getattr(engine, "basic_optimizer", None)).__name__}
+              if engine else {}),
            "allocator_after_first": {k: churn[-1][k] - churn[0][k] for k in churn[0]},
            "gpu_peak_gib": torch.cuda.max_memory_allocated() / GIB,
            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
@@ -228,14 +229,12 @@ def _synced(torch) -> float:  # noqa: ANN001 - the child's torch
 
 
 class EngineStep:
-    """DeepSpeed's engine in the loop's optimizer's place: its backward (ZeRO's gradient
-    reduction into the offloaded partition) and its step, which zeroes the gradients."""
+    """DeepSpeed's engine in the loop's optimizer's place: its step, which zeroes the
+    gradients (the loop calls the engine's backward: ZeRO's reduction into the offloaded
+    partition)."""
 
     def __init__(self, engine) -> None:  # noqa: ANN001 - deepspeed's engine
         self.engine = engine
-
-    def backward(self, loss) -> None:  # noqa: ANN001
-        self.engine.backward(loss)
 
     def step(self) -> None:
         self.engine.step()

@@ -11,16 +11,8 @@
 # carry .abold); gputests: the verifier's GPU tests.
 set -u
 ALL="costs figures gputests"
-stages=${*:-$ALL}
-for s in $stages; do
-    case " $ALL " in
-        *" $s "*) ;;
-        *) echo "verify_levers.sh: unknown stage '$s' ($ALL)" >&2
-           exit 2 ;;
-    esac
-done
-out=${OUT:-bench/results}
-mkdir -p "$out"
+. "$(dirname "$0")/_stages.sh"
+pick_stages "$ALL" "$@"
 export NCCL_NVLS_ENABLE=0 UMPROV_BENCH_OUT=$out
 old=${OLD:-.abold/agent-087f45c.pyz}
 for s in $stages; do

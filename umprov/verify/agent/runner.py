@@ -257,7 +257,11 @@ class Child:
     def finished(self) -> bool:
         """Its last check done ("done" written; its CUDA context may still be closing), or it
         ended (or was killed at its deadline)."""
-        return self.poll() or any(e.get("ev") == "done" for e in self.events())
+        return self.poll() or self.said_done()
+
+    def said_done(self) -> bool:
+        """Whether it wrote "done" (its last check is over), whatever its process does."""
+        return any(e.get("ev") == "done" for e in self.events())
 
     def wall(self) -> float:
         return round((self.ended or time.monotonic()) - self.started, 2)
@@ -413,7 +417,7 @@ def shorten_peers(group: list[Child]) -> None:
     if not any(c.rc is not None or c.proc.poll() is not None for c in group):
         return
     for c in group:
-        if c.rc is None and not any(e.get("ev") == "done" for e in c.events()):
+        if c.rc is None and not c.said_done():
             c.deadline = min(c.deadline, time.monotonic() + GROUP_GRACE)
 
 
