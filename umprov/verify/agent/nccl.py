@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 from typing import Any
 
 from .burnin import burn_in
@@ -44,24 +45,25 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     wait_for_gate(em, opts.get("cuda_gate"))  # the monitor child has listed the processes
     if early is not None:
         early.join()
-    # The process group and NCCL's communicator (eager, seconds) and the DDP model are set up
-    # while the per-GPU checks run: they move no data; collectives wait for the gate. In full
-    # mode each takes this GPU's lock: never during its per-GPU child's timed windows (GEMM,
-    # HBM, pinned copies). Quick mode's figures are not judged and its collectives run
-    # meanwhile anyway.
+    # The process group and NCCL's communicator (eager) and the DDP model are set up while
+    # the per-GPU checks run; collectives wait for the gate. The communicator moves no data:
+    # of its 0.4-0.6 s on one H100, 0.35-0.55 s load NCCL's kernels (NCCL's init timings,
+    # bench/agent_costs.py), so it runs outside the GPU's lock (under it, the per-GPU child's
+    # GEMM waited 0.9 s for it and for the oversubscription warm-up that queued behind it).
+    # In full mode the DDP model and the warm-up's kernels take the lock: never during the
+    # per-GPU child's timed windows. Quick mode's figures are not judged.
     lock = None if r.cpu or r.quick else device_lock(opts, rank)
+    # What DDP imports on first use (torch's compiler stack, 1.5 s), meanwhile in a thread:
+    # the communicator's set-up is C++ that lets the interpreter go. Quick mode has no DDP.
+    imports = None if r.quick else _import_meanwhile("torch._dynamo",
+                                                     "torch.nn.parallel.distributed")
     em.event("mark", what="process group, NCCL communicator")
     try:
-        with HostLinkLock(lock):
-            init_s = r.join()
+        init_s = r.join()
         ddp_state = None
-        if not r.quick:  # quick mode leaves the DDP step out (its set-up alone costs seconds)
-            # What DDP imports on first use (torch's compiler stack, seconds), after the
-            # communicator, out of the lock: nothing here touches a GPU.
+        if imports is not None:
             em.event("mark", what="import torch._dynamo")
-            for mod in ("torch._dynamo", "torch.nn.parallel.distributed"):
-                with contextlib.suppress(Exception):
-                    importlib.import_module(mod)
+            imports.join()
             em.event("mark", what="DDP model")
             with HostLinkLock(lock):
                 ddp_state = ddp_prepare(r.torch, r.device, rank, r.cpu)
@@ -96,6 +98,18 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     if seconds > 0:
         burn_in(r, seconds)
     em.done()  # no destroy_process_group: the child ends with os._exit, the driver frees all
+
+
+def _import_meanwhile(*modules: str) -> threading.Thread:
+    """Import ``modules`` in a daemon thread (a failure shows where they are first used)."""
+    def run() -> None:
+        for mod in modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(mod)
+
+    thread = threading.Thread(target=run, name="imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def _wait_timed(r: Rank, gate: str | None) -> None:
