@@ -25,7 +25,9 @@ user's code the same for every run but the peers' own wrapping:
 - deepspeed: ZeRO-Offload, ``deepspeed.initialize`` with ZeRO stage 2 and
   ``offload_optimizer: {device: cpu, pin_memory: true}`` (DeepSpeedCPUAdam, JIT-built once
   before the run), world size 1, 2e8-element buckets as DeepSpeed's examples set them; the
-  loop calls ``engine.backward(loss)`` and ``engine.step()`` as DeepSpeed's users do (AdamW only).
+  loop calls ``engine.backward(loss)`` and ``engine.step()`` as DeepSpeed's users do (AdamW only);
+  its bf16 row is DeepSpeed's ``bf16: {enabled: true}`` (bf16 weights on the GPU, fp32 master
+  weights on the host) under the same autocast.
 
 Also a size that fits (2 layers, 1 MLP block: default against pool) and the loss curve of the
 host step against the same model trained in device memory (that size, 20 steps, the host step
@@ -261,6 +263,11 @@ def deepspeed_engine(model, run: dict) -> EngineStep:  # noqa: ANN001 - the chil
                                     "overlap_comm": True, "reduce_bucket_size": 2e8,
                                     "allgather_bucket_size": 2e8,
                                     "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    if run.get("dtype") == "bf16":
+        # DeepSpeed's own mixed precision: bf16 weights on the GPU, fp32 master weights with
+        # the optimizer on the host. Left fp32, ZeRO-2 clones the flat fp32 weights on the
+        # GPU on their way to the host (stage_1_and_2.py, 0.19.8): 2x the weights at init.
+        config["bf16"] = {"enabled": True}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
     return EngineStep(engine)

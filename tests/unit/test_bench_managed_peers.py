@@ -181,6 +181,9 @@ def test_the_deepspeed_row_is_zero_offload_of_adamw_driven_through_its_engine(mo
     assert zero["stage"] == 2 and zero["offload_optimizer"] == {"device": "cpu",
                                                                  "pin_memory": True}
     assert seen["config"]["optimizer"]["type"] == "AdamW" and os.environ["WORLD_SIZE"] == "1"
+    assert "bf16" not in seen["config"]  # fp32 unless the row says bf16: DeepSpeed's own then
+    managed_peers.optimizer(None, model, {"how": "deepspeed", "optim": "adamw", "dtype": "bf16"})
+    assert seen["config"]["bf16"] == {"enabled": True}
     opt.engine.backward("loss")  # the loop calls the engine's own
     opt.step()
     opt.zero_grad(set_to_none=True)
