@@ -38,7 +38,7 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
     run = levers(env, "homes", "expandible")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "managed_levers.sh: unknown stage 'expandible' (early deepspeed homes discard expandable "
+        "managed_levers.sh: unknown stage 'expandible' (early curve deepspeed homes discard expandable "
         "lag optims mlp tight headroom gputests)"]
     assert not out.exists()
 
