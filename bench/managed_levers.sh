@@ -5,7 +5,9 @@
 #   bench/managed_levers.sh [STAGE ...]   # default: all, in this order
 #
 # early: fp32 AdamW rows with FSDP2's CPU offload and the fitting size (300 s on the H100 of
-# 2026-12-07); curve: the 20-step loss curve, host step against device-only training;
+# 2026-12-07); gradroom: gradients down and torchao with no headroom, and gradients down with
+# 256 MiB (run L: with 512 MiB, 10.3 of 11.25 GiB of gradients spilled; run J, before the
+# headroom, none); curve: the 20-step loss curve, host step against device-only training;
 # deepspeed: ZeRO-Offload (its wheels in .whl/deepspeed-deps/, DeepSpeedCPUAdam built first)
 # beside torchao and gradients down, fp32 and bf16; homes, expandable, lag: fp32 AdamW rows
 # under settings; optims: fused AdamW, SGD with momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
@@ -16,7 +18,7 @@
 # $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's
 # row is in every speed stage: leases differ by up to 20 % and only rows of one call compare.
 set -u
-ALL="early curve deepspeed homes discard expandable lag optims mlp tight headroom gputests"
+ALL="early gradroom curve deepspeed homes discard expandable lag optims mlp tight headroom gputests"
 . "$(dirname "$0")/_stages.sh"
 pick_stages "$ALL" "$@"
 export NCCL_NVLS_ENABLE=0
@@ -46,6 +48,9 @@ for s in $stages; do
     case $s in
         early) peers early 330 "$ROWS,fsdp2:adamw:fp32,$FITS" ;;
         curve) peers curve 100 curve:default,curve:pool_host_step ;;
+        gradroom)
+            UMPROV_MANAGED_HEADROOM=0 peers gradroom-0 130 "$DOWN"
+            UMPROV_MANAGED_HEADROOM=256m peers gradroom-256m 70 pool_grads_down:adamw:fp32 ;;
         deepspeed)
             python3 -m pip install -q --no-deps .whl/deepspeed-deps/*.whl 2>&1 | tail -2
             export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}

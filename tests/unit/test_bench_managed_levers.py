@@ -38,7 +38,7 @@ def test_an_unknown_stage_is_refused_before_anything_runs(recorded):
     run = levers(env, "homes", "expandible")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "managed_levers.sh: unknown stage 'expandible' (early curve deepspeed homes discard expandable "
+        "managed_levers.sh: unknown stage 'expandible' (early gradroom curve deepspeed homes discard expandable "
         "lag optims mlp tight headroom gputests)"]
     assert not out.exists()
 
@@ -91,6 +91,18 @@ def test_the_headroom_stage_runs_bf16_with_cudas_headroom_and_without(recorded):
     assert "pool_grads_down:adamw:bf16" in kept and "headroom: default" in kept
     assert "pool_grads_down:adamw:bf16" in off and "headroom: 0" in off
     assert "UMPROV_MANAGED_HEADROOM" not in env
+
+
+def test_the_gradroom_stage_runs_fp32_gradients_down_with_less_headroom(recorded):
+    env, out = recorded
+    fakebin.shell(Path(env["PATH"].split(":")[0]), "python3",
+                  'echo "args: $*"\necho "headroom: ${UMPROV_MANAGED_HEADROOM:-default}"\n')
+    run = levers(env, "gradroom")
+    assert run.returncode == 0, run.stderr
+    none, small = (out / "gradroom-0.txt").read_text(), (out / "gradroom-256m.txt").read_text()
+    assert "pool_grads_down:adamw:fp32,torchao:adamw:fp32" in none and "headroom: 0\n" in none
+    assert "pool_grads_down:adamw:fp32" in small and "headroom: 256m" in small
+    assert "torchao" not in small
 
 
 @pytest.mark.parametrize(("build_rc", "fallback"), [(0, "0"), (1, "1")])
