@@ -6,15 +6,15 @@
 #
 # costs: bench/agent_costs.py (NCCL's communicator under settings, the bf16 GEMM over a burst
 # with its clock and power); figures: bench/verify_figures.py, 5 full and 3 quick runs, the
-# floor, and an A/B against the agent build $OLD (default .abold/agent-087f45c.pyz, the
-# agent before the early CUDA context, the collectives' warm-up and the written-out Adam:
-# carry .abold); gputests: the verifier's GPU tests.
+# floor, and an A/B against the agent build $OLD (default .abold/agent-25fe1ed.pyz, the agent
+# before NCCL's communicator left the GPU's lock; bench/agent_at.sh 25fe1ed builds it: carry
+# .abold); gputests: the verifier's GPU tests.
 set -u
 ALL="costs figures gputests"
 . "$(dirname "$0")/_stages.sh"
 pick_stages "$ALL" "$@"
 export NCCL_NVLS_ENABLE=0 UMPROV_BENCH_OUT=$out
-old=${OLD:-.abold/agent-087f45c.pyz}
+old=${OLD:-.abold/agent-25fe1ed.pyz}
 for s in $stages; do
     case $s in
         costs) timeout 120 python3 bench/agent_costs.py > "$out/costs.txt" 2>&1 ;;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import zipfile
 from pathlib import Path
 
 from tests import fakebin
@@ -43,3 +44,18 @@ def test_the_figures_stage_runs_the_ab_only_against_an_old_build_that_is_there(t
     old.write_bytes(b"")
     run, out = levers(tmp_path, "figures", old=str(old))
     assert f"--old {old} --ab 2" in (out / "figures.txt").read_text()
+
+
+def test_agent_at_builds_an_earlier_commits_agent_and_refuses_an_unknown_one(tmp_path):
+    script = REPO / "bench" / "agent_at.sh"
+    env = {**os.environ, "ABOLD": str(tmp_path)}
+    run = subprocess.run([str(script), "HEAD"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    built = Path(run.stdout.strip())
+    assert built.parent == tmp_path and built.name.startswith("agent-") and built.stat().st_size
+    assert "umprov_agent/cli.py" in zipfile.ZipFile(built).namelist()
+    run = subprocess.run([str(script), "no-such-rev"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"agent_at.sh: no commit 'no-such-rev' in {REPO}"
