@@ -219,6 +219,27 @@ def test_the_python_side_guards_the_caching_allocators_library(
     assert lib.umprov_headroom_refused() == 1 and module._state["headroom"] == 512 * MIB
 
 
+def test_room_held_back_while_forward_runs_adds_to_the_headroom_until_given_back(
+        python_side: SimpleNamespace, process: SimpleNamespace, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = python_side.module
+    monkeypatch.setattr(module, "GUARDED", f"{tmp_path}/libcaller_now.so")
+    module._state["headroom"] = 512 * MIB
+    lib = module._library()
+    module._state["library"] = lib
+    module._keep_headroom(lib)
+    process.free.value = 1024 * MIB
+    alloc = process.callers["now"].caller_alloc
+    assert alloc(256 * MIB) == 0  # 768 MiB left: above the headroom
+    module.hold_back(512 * MIB)
+    assert alloc(256 * MIB) == REFUSED and module.stats()["held_back"] == 512 * MIB
+    module.hold_back(0)
+    assert alloc(256 * MIB) == 0 and module._state["headroom"] == 512 * MIB
+    module._state["headroom"] = 0  # no headroom kept: nothing to add to
+    module.hold_back(512 * MIB)
+    assert module._state["held_back"] == 0
+
+
 def test_without_the_caching_allocators_library_no_headroom_is_counted(
         python_side: SimpleNamespace, capsys: pytest.CaptureFixture[str]) -> None:
     module = python_side.module

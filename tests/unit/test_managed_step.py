@@ -729,6 +729,35 @@ def test_copied_gradients_go_back_to_the_pool_behind_their_copies_within_the_lag
     assert not down.copying and down.copying_bytes == 0  # after backward: all let go
 
 
+def test_room_for_the_first_gradients_is_held_back_from_forward_until_backward(
+        cpu_streams, monkeypatch):
+    """After a backward that sent gradients down, LAG and the largest gradient are held back
+    from the next forward; its backward's first gradient gives them back (run L: with the
+    headroom, the first gradients spilled and none of the later ones found a block)."""
+    held: list = []
+    monkeypatch.setattr(managed_grads, "_managed", lambda: SimpleNamespace(
+        hold_back=held.append, in_reservoir=lambda t: False))
+    model = torch.nn.Linear(4, 3)
+    down = grads_down(list(model.parameters()), cpu_streams.down)
+    model(torch.ones(2, 4)).sum().backward()
+    assert held[-1] == managed_grads.LAG + model.weight.numel() * 4 and down.held
+    held.clear()
+    model.zero_grad(set_to_none=True)
+    model(torch.ones(2, 4)).sum().backward()
+    assert held[0] == 0  # the first arrival gives it back, the end holds it again
+    assert held[-1] == managed_grads.LAG + 12 * 4 and down.held
+    held.clear()
+    model(torch.ones(2, 4)).sum().backward()  # accumulating in the host views: nothing new
+    assert held == [0] and not down.held
+    model.zero_grad(set_to_none=True)
+    model(torch.ones(2, 4)).sum().backward()
+    held.clear()
+    down.release()
+    assert held == [0] and not down.held
+    down.release()
+    assert held == [0]  # given back once
+
+
 def test_a_gradient_replaced_after_backward_is_not_the_host_ones(cpu_streams):
     p = torch.nn.Parameter(torch.ones(4))
     down = grads_down([p], cpu_streams.down)

@@ -354,6 +354,11 @@ int umprov_headroom_install(const char *object, void *real_malloc, void *mem_get
   return t.failed ? -1 : t.slots;
 }
 
+/* The headroom from now on (bytes; a negative one is ignored), without pointing anything. */
+void umprov_headroom_set(long long headroom) {
+  if (headroom >= 0) __atomic_store_n(&guard.headroom, (size_t)headroom, __ATOMIC_SEQ_CST);
+}
+
 /* cudaMalloc calls the headroom refused. */
 long long umprov_headroom_refused(void) {
   return __atomic_load_n(&guard.refused, __ATOMIC_RELAXED);

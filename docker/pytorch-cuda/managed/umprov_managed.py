@@ -136,6 +136,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.umprov_headroom_install.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 3 + [
         ctypes.c_longlong]
     lib.umprov_headroom_install.restype = ctypes.c_int
+    lib.umprov_headroom_set.argtypes = [ctypes.c_longlong]
+    lib.umprov_headroom_set.restype = None
     lib.umprov_headroom_refused.argtypes = []
     lib.umprov_headroom_refused.restype = ctypes.c_longlong
     return lib
@@ -383,7 +385,7 @@ def device_room(device: int) -> int:
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
-    free -= _state.get("headroom", 0)
+    free -= _state.get("headroom", 0) + _state.get("held_back", 0)
     stats = torch.cuda.memory_stats(device)
     reserved = stats.get("reserved_bytes.all.current", 0) - _state.get("sizes", {}).get(device, 0)
     allocated = stats.get("allocated_bytes.all.current", 0)  # the reservoir's live bytes too
@@ -400,6 +402,16 @@ def empty_cache() -> None:
     import torch
 
     torch.cuda.empty_cache()
+
+
+def hold_back(extra: int) -> None:
+    """``extra`` bytes of the device left free beyond the headroom (0: the headroom alone):
+    gradients down's room for backward's first gradients, held while forward runs
+    (umprov_managed_grads.py). Nothing where no headroom is kept."""
+    lib, headroom = _state.get("library"), _state.get("headroom", 0)
+    if lib is not None and headroom:
+        lib.umprov_headroom_set(headroom + max(0, extra))
+        _state["held_back"] = max(0, extra)
 
 
 def stats() -> dict[str, int]:
@@ -421,7 +433,7 @@ def stats() -> dict[str, int]:
             "reservoir": sum(_state.get("sizes", {}).values()),
             "budget": _state.get("budget", -1), "host_budget": counts["host_budget"],
             "refused": counts["refused"], "failed_advice": counts["failed_advice"],
-            "headroom": _state.get("headroom", 0),
+            "headroom": _state.get("headroom", 0), "held_back": _state.get("held_back", 0),
             "headroom_refused": lib.umprov_headroom_refused() if lib is not None else 0}
 
 
