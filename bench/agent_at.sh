@@ -4,10 +4,10 @@
 # into $ABOLD.
 #
 #   bench/agent_at.sh REV
-set -eu
+set -eu -o pipefail
 rev=${1:?usage: bench/agent_at.sh REV}
 root=$(cd "$(dirname "$0")/.." && pwd)
-short=$(git -C "$root" rev-parse -q --verify --short "$rev^{commit}") || {
+short=$(git -C "$root" rev-parse -q --verify --short=7 "$rev^{commit}") || {
     echo "agent_at.sh: no commit '$rev' in $root" >&2
     exit 2
 }

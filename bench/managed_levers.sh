@@ -5,8 +5,9 @@
 #   bench/managed_levers.sh [STAGE ...]   # default: all, in this order
 #
 # early: fp32 AdamW rows with FSDP2's CPU offload and the fitting size (300 s on the H100 of
-# 2026-12-07); gradroom: gradients down and torchao with no headroom, and gradients down with
-# 256 MiB (run L: with 512 MiB, 10.3 of 11.25 GiB of gradients spilled; run J, before the
+# 2026-12-07); gradroom: gradients down and torchao as they are (the room held back from
+# forward), then gradients down with no headroom (nothing held back) and with 256 MiB (run L,
+# 512 MiB and nothing held back: 10.3 of 11.25 GiB of gradients spilled; run J, before the
 # headroom, none); curve: the 20-step loss curve, host step against device-only training;
 # deepspeed: ZeRO-Offload (its wheels in .whl/deepspeed-deps/, DeepSpeedCPUAdam built first)
 # beside torchao and gradients down, fp32 and bf16; homes, expandable, lag: fp32 AdamW rows
@@ -49,7 +50,8 @@ for s in $stages; do
         early) peers early 330 "$ROWS,fsdp2:adamw:fp32,$FITS" ;;
         curve) peers curve 100 curve:default,curve:pool_host_step ;;
         gradroom)
-            UMPROV_MANAGED_HEADROOM=0 peers gradroom-0 130 "$DOWN"
+            peers gradroom 130 "$DOWN"
+            UMPROV_MANAGED_HEADROOM=0 peers gradroom-0 70 pool_grads_down:adamw:fp32
             UMPROV_MANAGED_HEADROOM=256m peers gradroom-256m 70 pool_grads_down:adamw:fp32 ;;
         deepspeed)
             python3 -m pip install -q --no-deps .whl/deepspeed-deps/*.whl 2>&1 | tail -2

@@ -729,6 +729,12 @@ def test_copied_gradients_go_back_to_the_pool_behind_their_copies_within_the_lag
     assert not down.copying and down.copying_bytes == 0  # after backward: all let go
 
 
+@pytest.fixture(autouse=True)
+def _no_room_held() -> None:
+    """The room held back is the process's (one guard): none at each test's start."""
+    managed_grads._held["on"] = False
+
+
 def test_room_for_the_first_gradients_is_held_back_from_forward_until_backward(
         cpu_streams, monkeypatch):
     """After a backward that sent gradients down, LAG and the largest gradient are held back
@@ -752,6 +758,9 @@ def test_room_for_the_first_gradients_is_held_back_from_forward_until_backward(
     model.zero_grad(set_to_none=True)
     model(torch.ones(2, 4)).sum().backward()
     held.clear()
+    down.release([])  # as the host step's first step does: the others' gradients only
+    down.release([model.bias])
+    assert held == [] and down.held  # the weight still goes down: the room stays held
     down.release()
     assert held == [0] and not down.held
     down.release()

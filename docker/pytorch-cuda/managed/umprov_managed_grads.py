@@ -26,6 +26,9 @@ ROOM_RECHECK = 0.01  # seconds between reads of the device's room while waiting
 RESERVOIR_SHORT = 2 << 30
 RESERVOIR_RECHECK = 0.05  # seconds between reads of the reservoir's room (1 ms each)
 _seen: dict[str, Any] = {"at": -RECHECK, "spilling": False}
+# Room held back from forward (GradsDown._backward_done): one guard for the process, so one
+# flag for every GradsDown in it.
+_held = {"on": False}
 
 
 def wanted() -> bool:
@@ -74,7 +77,7 @@ class GradsDown:
         self.room_checked = -ROOM_RECHECK
         # From one backward's end to the next one's first gradient, room for backward's
         # first gradients is held back from forward (hold_back): LAG and the largest one.
-        self.largest, self.held = 0, False
+        self.largest = 0
         self.reservoir_checked, self.short = -RESERVOIR_RECHECK, False
         for p in params:
             self.watch(p)
@@ -99,9 +102,13 @@ class GradsDown:
         self.handles.clear()
         self._give_room_back()
 
+    @property
+    def held(self) -> bool:
+        return _held["on"]
+
     def _give_room_back(self) -> None:
-        if self.held:
-            self.held = False
+        if _held["on"]:
+            _held["on"] = False
             _managed().hold_back(0)
 
     def release(self, params: list[torch.Tensor] | None = None) -> None:
@@ -109,7 +116,6 @@ class GradsDown:
         each ``.grad`` that is a host view becomes device memory again, so the step and later
         backwards (``zero_grad`` that keeps tensors) do not read and write it across the bus."""
         chosen = list({**self.handles, **self.alias}) if params is None else params
-        self._give_room_back()
         with torch.no_grad():
             for p in chosen:
                 handle = self.handles.pop(p, None)
@@ -120,6 +126,8 @@ class GradsDown:
                 if alias is not None and p.grad is not None and (
                         p.grad.data_ptr() == alias.data_ptr()):
                     p.grad = alias.clone()
+        if not self.handles:  # nothing left to send down: forward may take the room
+            self._give_room_back()
 
     def _arrived(self, p: torch.Tensor) -> None:
         """After backward accumulated ``p.grad``: it goes down behind the kernels that made
@@ -207,8 +215,9 @@ class GradsDown:
         self.streams = set()
         # Run L: with the headroom, forward left 0.28 GiB, the first 256 MiB gradients spilled,
         # and a spilled one frees no device block for the next: 10.3 of 11.25 GiB spilled.
-        _managed().hold_back(LAG + self.largest)
-        self.held = True
+        if self.handles:  # detached mid-backward: no hook left to give it back
+            _managed().hold_back(LAG + self.largest)
+            _held["on"] = True
 
 
 def _managed() -> Any:

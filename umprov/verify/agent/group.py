@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from .profiles import select_profile
-from .runner import Emitter
+from .runner import Emitter, HostLinkLock
 from .schema import record
 
 
@@ -84,8 +84,9 @@ class Rank(Group):
         if self.lead:
             self.em.record(record("host", "host", check, verdict, **k))
 
-    def join(self) -> float:
-        """Set up the process group over loopback; seconds it took."""
+    def join(self, lock: str | None = None) -> float:
+        """Set up the process group over loopback; seconds it took. The first collective (a
+        barrier: NCCL connects its peers and launches a kernel) under ``lock``."""
         import datetime
 
         torch, opts = self.torch, self.opts
@@ -102,5 +103,6 @@ class Rank(Group):
         if not self.cpu:
             kw["device_id"] = self.device
         init_process_group(self.dist, kw)
-        self.dist.barrier()
+        with HostLinkLock(lock):
+            self.dist.barrier()
         return time.perf_counter() - t0

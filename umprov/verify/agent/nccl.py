@@ -48,10 +48,11 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
     # The process group and NCCL's communicator (eager) and the DDP model are set up while
     # the per-GPU checks run; collectives wait for the gate. The communicator moves no data:
     # of its 0.4-0.6 s on one H100, 0.35-0.55 s load NCCL's kernels (NCCL's init timings,
-    # bench/agent_costs.py), so it runs outside the GPU's lock (under it, the per-GPU child's
-    # GEMM waited 0.9 s for it and for the oversubscription warm-up that queued behind it).
-    # In full mode the DDP model and the warm-up's kernels take the lock: never during the
-    # per-GPU child's timed windows. Quick mode's figures are not judged.
+    # bench/agent_costs.py), so it is made outside the GPU's lock (under it, the per-GPU
+    # child's GEMM waited 0.9 s for it and for the oversubscription warm-up that queued
+    # behind it). In full mode the first collective (join's barrier: peers connect), the DDP
+    # model and the warm-up's kernels take the lock: never during the per-GPU child's timed
+    # windows. Quick mode's figures are not judged.
     lock = None if r.cpu or r.quick else device_lock(opts, rank)
     # What DDP imports on first use (torch's compiler stack, 1.5 s), meanwhile in a thread:
     # the communicator's set-up is C++ that lets the interpreter go. Quick mode has no DDP.
@@ -59,7 +60,7 @@ def child_nccl(em: Emitter, opts: dict, rank: int) -> None:
                                                      "torch.nn.parallel.distributed")
     em.event("mark", what="process group, NCCL communicator")
     try:
-        init_s = r.join()
+        init_s = r.join(lock)
         ddp_state = None
         if imports is not None:
             em.event("mark", what="import torch._dynamo")
