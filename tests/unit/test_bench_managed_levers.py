@@ -81,11 +81,16 @@ def test_the_optimizer_mlp_and_tight_stages_run_their_own_rows_and_sizes(recorde
     assert left[-1] == "9"  # the last one is the one argparse keeps
 
 
-def test_the_headroom_stage_runs_bf16_with_cudas_headroom_and_without(recorded):
-    env, out = recorded
+def levers_saying_headroom(env: dict, stage: str) -> subprocess.CompletedProcess[str]:
+    """``stage`` with a python3 that also says the headroom it was given."""
     fakebin.shell(Path(env["PATH"].split(":")[0]), "python3",
                   'echo "args: $*"\necho "headroom: ${UMPROV_MANAGED_HEADROOM:-default}"\n')
-    run = levers(env, "headroom")
+    return levers(env, stage)
+
+
+def test_the_headroom_stage_runs_bf16_with_cudas_headroom_and_without(recorded):
+    env, out = recorded
+    run = levers_saying_headroom(env, "headroom")
     assert run.returncode == 0, run.stderr
     kept, off = (out / "headroom.txt").read_text(), (out / "headroom-off.txt").read_text()
     assert "pool_grads_down:adamw:bf16" in kept and "headroom: default" in kept
@@ -95,9 +100,7 @@ def test_the_headroom_stage_runs_bf16_with_cudas_headroom_and_without(recorded):
 
 def test_the_gradroom_stage_runs_fp32_gradients_down_with_less_headroom(recorded):
     env, out = recorded
-    fakebin.shell(Path(env["PATH"].split(":")[0]), "python3",
-                  'echo "args: $*"\necho "headroom: ${UMPROV_MANAGED_HEADROOM:-default}"\n')
-    run = levers(env, "gradroom")
+    run = levers_saying_headroom(env, "gradroom")
     assert run.returncode == 0, run.stderr
     kept = (out / "gradroom.txt").read_text()
     none, small = (out / "gradroom-0.txt").read_text(), (out / "gradroom-256m.txt").read_text()

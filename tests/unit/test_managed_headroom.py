@@ -205,29 +205,31 @@ def python_side(process: SimpleNamespace, built: Path, managed_library: Path, tm
     return SimpleNamespace(module=umprov_managed, version=version)
 
 
-def test_the_python_side_guards_the_caching_allocators_library(
-        python_side: SimpleNamespace, process: SimpleNamespace, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def guarded(python_side: SimpleNamespace, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """umprov_managed keeping a 512 MiB headroom for the "now" caller (the caching allocator's
+    library here)."""
     module = python_side.module
     monkeypatch.setattr(module, "GUARDED", f"{tmp_path}/libcaller_now.so")
     module._state["headroom"] = 512 * MIB
-    lib = module._library()
+    lib = module._state["library"] = module._library()
     module._keep_headroom(lib)
+    return SimpleNamespace(module=module, lib=lib)
+
+
+def test_the_python_side_guards_the_caching_allocators_library(
+        guarded: SimpleNamespace, process: SimpleNamespace) -> None:
     process.free.value = 1024 * MIB
     assert process.callers["now"].caller_alloc(768 * MIB) == REFUSED
     assert process.callers["lazy"].caller_alloc(768 * MIB) == 0
-    assert lib.umprov_headroom_refused() == 1 and module._state["headroom"] == 512 * MIB
+    assert guarded.lib.umprov_headroom_refused() == 1
+    assert guarded.module._state["headroom"] == 512 * MIB
 
 
 def test_room_held_back_while_forward_runs_adds_to_the_headroom_until_given_back(
-        python_side: SimpleNamespace, process: SimpleNamespace, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    module = python_side.module
-    monkeypatch.setattr(module, "GUARDED", f"{tmp_path}/libcaller_now.so")
-    module._state["headroom"] = 512 * MIB
-    lib = module._library()
-    module._state["library"] = lib
-    module._keep_headroom(lib)
+        guarded: SimpleNamespace, process: SimpleNamespace) -> None:
+    module = guarded.module
     process.free.value = 1024 * MIB
     alloc = process.callers["now"].caller_alloc
     assert alloc(256 * MIB) == 0  # 768 MiB left: above the headroom
@@ -235,9 +237,13 @@ def test_room_held_back_while_forward_runs_adds_to_the_headroom_until_given_back
     assert alloc(256 * MIB) == REFUSED and module.stats()["held_back"] == 512 * MIB
     module.hold_back(0)
     assert alloc(256 * MIB) == 0 and module._state["headroom"] == 512 * MIB
-    module._state["headroom"] = 0  # no headroom kept: nothing to add to
+
+
+def test_no_room_is_held_back_where_no_headroom_is_kept(python_side: SimpleNamespace) -> None:
+    module = python_side.module
+    module._state.update(headroom=0, library=module._library())
     module.hold_back(512 * MIB)
-    assert module._state["held_back"] == 0
+    assert "held_back" not in module._state and module.stats()["held_back"] == 0
 
 
 def test_without_the_caching_allocators_library_no_headroom_is_counted(
