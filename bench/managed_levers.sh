@@ -11,9 +11,10 @@
 # headroom, none); curve: the 20-step loss curve, host step against device-only training;
 # deepspeed: ZeRO-Offload (its wheels in .whl/deepspeed-deps/, DeepSpeedCPUAdam built first)
 # beside torchao and gradients down, fp32 and bf16; homes, expandable, lag: fp32 AdamW rows
-# under settings; optims: fused AdamW, SGD with momentum and bf16 autocast; mlp: the MLP model; tight: 9 GiB left (10 layers), where torchao's
-# offload keeps too much on the GPU to run; headroom: bf16 AdamW with and without the headroom CUDA
-# keeps (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
+# under settings; optims: fused AdamW, SGD with momentum and bf16 autocast; mlp: the MLP
+# model; tight: 9 GiB left (10 layers), where torchao's offload keeps too much on the GPU to
+# run; headroom: bf16 AdamW with and without the headroom CUDA keeps
+# (UMPROV_MANAGED_HEADROOM=0 died in run J); discard; gputests.
 #
 # On the GPU host, from the repository root, with torchao's wheel carried in .whl/. Results in
 # $OUT (the device tool's folder) or bench/results/, one .json and one .txt a stage; torchao's

@@ -329,7 +329,6 @@ def test_one_rank_has_nothing_timed_and_never_waits_for_the_second_gate(agent_py
     assert checks["ddp.step"] == "pass" and checks["nccl.busbw_1g"] == "skip"
 
 
-
 def test_a_rank_that_ends_cuts_the_wait_of_its_peers_still_in_their_checks_to_the_grace():
     """A rank that skipped for want of memory exits 0 before the gate; its peers would wait in
     a collective, holding their GPUs' locks, until their own deadline. A peer that wrote

@@ -102,10 +102,6 @@ class GradsDown:
         self.handles.clear()
         self._give_room_back()
 
-    @property
-    def held(self) -> bool:
-        return _held["on"]
-
     def _give_room_back(self) -> None:
         if _held["on"]:
             _held["on"] = False
